@@ -1,0 +1,22 @@
+#include "backend/cpu/topk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace dsv4::cpu {
+
+void topk_row(const float* scores, int64_t n, int k, int32_t* out) {
+  std::vector<int32_t> idx;
+  idx.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(scores[i]) && scores[i] != -INFINITY) idx.push_back(static_cast<int32_t>(i));
+  const size_t take = std::min<size_t>(static_cast<size_t>(k), idx.size());
+  auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  std::nth_element(idx.begin(), idx.begin() + take, idx.end(), better);
+  std::sort(idx.begin(), idx.begin() + take);
+  for (size_t i = 0; i < take; ++i) out[i] = idx[i];
+  for (size_t i = take; i < static_cast<size_t>(k); ++i) out[i] = -1;
+}
+
+}  // namespace dsv4::cpu

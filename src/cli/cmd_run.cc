@@ -1,0 +1,148 @@
+// dsv4 run: prefill a prompt, then decode token by token, streaming the output and timing both phases.
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#ifdef DSV4_HAVE_TEXT
+#include "text/tokenizer.h"
+#endif
+
+namespace dsv4::cli {
+
+static std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size()) throw std::invalid_argument("x");
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::exception&) {
+      fail("--prompt-ids: '", item, "' is not a token id");
+    }
+  }
+  return ids;
+}
+
+int cmd_run(int argc, char** argv) {
+  Args a(argc, argv, 2,
+         {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
+          "kv-cache-dtype", "chunk", "tokenizer"},
+         {"help", "ids", "quiet"});
+  if (a.has("help")) {
+    std::printf(
+        "dsv4 run [--model DIR] (--prompt TEXT | --prompt-ids 0,1,2) [--max-tokens 32]\n"
+        "         [--temperature 0] [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0]\n"
+        "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt)]\n"
+        "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
+    return 0;
+  }
+  EngineOptions opt;
+  opt.kv_dtype = parse_kv_dtype(a.get("kv-cache-dtype", "bf16"));
+  SamplingParams sp;
+  sp.temperature = static_cast<float>(a.get_double("temperature", 0.0));
+  sp.top_k = static_cast<int>(a.get_int("top-k", 0));
+  sp.top_p = static_cast<float>(a.get_double("top-p", 1.0));
+  sp.min_p = static_cast<float>(a.get_double("min-p", 0.0));
+  sp.seed = static_cast<uint64_t>(a.get_int("seed", 0));
+  validate(sp);
+  const long long max_tokens = a.get_int("max-tokens", 32);
+  if (max_tokens < 0) fail("--max-tokens must be >= 0");
+  const long long chunk = a.get_int("chunk", 0);
+  if (chunk < 0) fail("--chunk must be >= 0");
+
+  const std::string dir = resolve_model_dir(a.get("model"));
+  auto model = Model::load(dir, opt);
+  const ModelConfig& c = model->config();
+
+  std::vector<int32_t> prompt;
+  bool as_text = false;
+#ifdef DSV4_HAVE_TEXT
+  std::unique_ptr<text::Tokenizer> tok;
+  if (!a.has("ids")) {
+    tok = std::make_unique<text::Tokenizer>(text::Tokenizer::load(a.get("tokenizer", text::default_tokenizer_path())));
+    as_text = true;
+  }
+#endif
+  if (a.has("prompt-ids")) {
+    prompt = parse_ids(a.get("prompt-ids"));
+  } else if (a.has("prompt")) {
+#ifdef DSV4_HAVE_TEXT
+    if (!tok) tok = std::make_unique<text::Tokenizer>(text::Tokenizer::load(a.get("tokenizer", text::default_tokenizer_path())));
+    prompt.push_back(c.bos_token_id);
+    for (int32_t id : tok->encode(a.get("prompt"))) prompt.push_back(id);
+#else
+    fail("--prompt needs the tokenizer, which this build lacks; use --prompt-ids");
+#endif
+  } else {
+    prompt = {c.bos_token_id};
+  }
+  if (prompt.empty()) fail("the prompt is empty");
+  for (int32_t id : prompt)
+    if (id < 0 || id >= c.vocab_size) fail("prompt token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
+
+  auto seq = model->new_sequence();
+  Sampler sampler(sp);
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  std::vector<float> last;
+  const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : prompt.size();
+  for (size_t i = 0; i < prompt.size(); i += step) {
+    std::vector<SeqChunk> b(1);
+    b[0].seq = seq.get();
+    b[0].tokens.assign(prompt.begin() + i, prompt.begin() + std::min(prompt.size(), i + step));
+    last = std::move(model->forward(b)[0].logits);
+  }
+  auto t1 = clock::now();
+  std::vector<int32_t> out;
+  std::string shown;
+  for (long long n = 0; n < max_tokens; ++n) {
+    const int32_t next = sampler.sample(last.data(), c.vocab_size);
+    out.push_back(next);
+    if (as_text) {
+#ifdef DSV4_HAVE_TEXT
+      std::string all = tok->decode(out);
+      // Print only complete UTF-8: hold back a trailing partial sequence.
+      size_t end = all.size();
+      size_t k = end;
+      while (k > 0 && end - k < 4 && (static_cast<unsigned char>(all[k - 1]) & 0xC0) == 0x80) --k;
+      if (k > 0) {
+        unsigned char lead = static_cast<unsigned char>(all[k - 1]);
+        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (end - (k - 1) < need) end = k - 1;
+      }
+      if (end > shown.size()) {
+        std::fwrite(all.data() + shown.size(), 1, end - shown.size(), stdout);
+        shown.assign(all, 0, end);
+      }
+#endif
+    } else {
+      std::printf("%s%d", n ? " " : "", next);
+    }
+    std::fflush(stdout);
+    if (next == c.eos_token_id) break;
+    std::vector<SeqChunk> b(1);
+    b[0].seq = seq.get();
+    b[0].tokens = {next};
+    last = std::move(model->forward(b)[0].logits);
+  }
+  auto t2 = clock::now();
+  std::printf("\n");
+  if (!a.has("quiet")) {
+    const double pf = std::chrono::duration<double>(t1 - t0).count();
+    const double dc = std::chrono::duration<double>(t2 - t1).count();
+    std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s (%.1f tok/s)\n",
+                 prompt.size(), pf, prompt.size() / std::max(pf, 1e-9), out.size(), dc,
+                 out.size() / std::max(dc, 1e-9));
+  }
+  return 0;
+}
+
+}  // namespace dsv4::cli
