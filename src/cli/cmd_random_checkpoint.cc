@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "model/random_checkpoint.h"
@@ -23,11 +25,18 @@ std::string resolve_model_dir(const std::string& model_flag) {
   const fs::path dir = fs::path(home) / "default-model";
   if (!fs::exists(dir / "model.safetensors.index.json")) {
     std::fprintf(stderr, "writing the embedded default model to %s\n", dir.c_str());
-    const fs::path tmp = fs::path(home) / "default-model.partial";
+    // Written under a private name, then renamed: the directory is complete or absent, never half
+    // written, also when two processes start at once (the loser drops its copy).
+    const fs::path tmp = fs::path(home) / ("default-model.partial." + std::to_string(::getpid()));
     fs::remove_all(tmp);
     write_random_checkpoint(default_model_config_json(), tmp.string(), RandomCheckpointOptions{});
-    fs::remove_all(dir);
-    fs::rename(tmp, dir);  // complete or absent, never half written
+    std::error_code ec;
+    fs::rename(tmp, dir, ec);
+    if (ec) {
+      fs::remove_all(tmp);
+      if (!fs::exists(dir / "model.safetensors.index.json"))
+        fail("cannot create the default model in ", dir.string(), ": ", ec.message());
+    }
   }
   return dir.string();
 }

@@ -1,3 +1,88 @@
+// Scalar formats against independent implementations: torch's float8_e4m3fn, float8_e8m0fnu and bfloat16
+// casts, and transformers' MXFP4 decoder (fixtures from tools/golden/make_numerics.py).
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/linear.h"
 #include "core/numerics.h"
-TEST(Numerics, Placeholder) { EXPECT_EQ(dsv4::fp8_e4m3_to_f32(0x38), 1.0f); }
+#include "test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using testing::fixture;
+using testing::read_file;
+
+bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+TEST(Numerics, Fp8E4M3DecodeMatchesTorchForAll256Codes) {
+  auto want = read_file<float>(fixture("numerics/fp8_e4m3_decode.f32"));
+  ASSERT_EQ(want.size(), 256u);
+  for (int c = 0; c < 256; ++c)
+    EXPECT_TRUE(same_float(fp8_e4m3_to_f32(static_cast<uint8_t>(c)), want[c])) << "code " << c;
+}
+
+TEST(Numerics, E8M0DecodeMatchesTorchForAll256Codes) {
+  auto want = read_file<float>(fixture("numerics/e8m0_decode.f32"));
+  for (int c = 0; c < 256; ++c) EXPECT_TRUE(same_float(e8m0_to_f32(static_cast<uint8_t>(c)), want[c])) << "code " << c;
+}
+
+TEST(Numerics, Fp8E4M3EncodeMatchesTorchIncludingTiesAndSubnormals) {
+  auto in = read_file<float>(fixture("numerics/fp8_encode_in.f32"));
+  auto want = read_file<uint8_t>(fixture("numerics/fp8_encode_out.u8"));
+  ASSERT_EQ(in.size(), want.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    ASSERT_EQ(f32_to_fp8_e4m3(in[i]), want[i]) << "value " << in[i] << " (index " << i << ")";
+}
+
+TEST(Numerics, Bf16EncodeMatchesTorchIncludingTies) {
+  auto in = read_file<float>(fixture("numerics/bf16_encode_in.f32"));
+  auto want = read_file<int16_t>(fixture("numerics/bf16_encode_out.i16"));
+  ASSERT_EQ(in.size(), want.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    ASSERT_EQ(f32_to_bf16(in[i]), static_cast<uint16_t>(want[i])) << "value " << in[i];
+}
+
+// Also pins the nibble order: element 2j sits in the low nibble of byte j.
+TEST(Numerics, Fp4DequantMatchesTransformersMxfp4Decoder) {
+  auto packed = read_file<uint8_t>(fixture("numerics/fp4_packed.u8"));
+  auto scales = read_file<uint8_t>(fixture("numerics/fp4_scales.u8"));
+  auto want = read_file<float>(fixture("numerics/fp4_decode.f32"));
+  const int rows = 8, cols = 128;
+  ASSERT_EQ(want.size(), static_cast<size_t>(rows * cols));
+  LinearWeight w;
+  w.name = "fp4 fixture";
+  w.fmt = WeightFormat::kFP4;
+  w.rows = rows;
+  w.cols = cols;
+  w.w = packed.data();
+  w.scale = scales.data();
+  std::vector<float> row(cols);
+  for (int r = 0; r < rows; ++r) {
+    cpu::dequant_row(w, r, row.data());
+    for (int c = 0; c < cols; ++c) ASSERT_EQ(row[c], want[r * cols + c]) << "row " << r << " col " << c;
+  }
+}
+
+TEST(Numerics, Fp8BlockDequantUsesTheTileScale) {
+  // 3 x 200 weight, block 128: scale tiles [1 x 2]; the second tile covers columns 128..199.
+  std::vector<uint8_t> codes(3 * 200, 0x38);  // 1.0
+  std::vector<uint8_t> sc = {127 + 2, 127 - 3};
+  LinearWeight w;
+  w.fmt = WeightFormat::kFP8Block;
+  w.rows = 3;
+  w.cols = 200;
+  w.w = codes.data();
+  w.scale = sc.data();
+  std::vector<float> row(200);
+  cpu::dequant_row(w, 2, row.data());
+  EXPECT_EQ(row[0], 4.0f);
+  EXPECT_EQ(row[127], 4.0f);
+  EXPECT_EQ(row[128], 0.125f);
+  EXPECT_EQ(row[199], 0.125f);
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: build everything, then run every test with ctest (CPU; GPU tests skip without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+export DSV4_HOME="$(mktemp -d)"  # the CLI tests write the default model here, not into ~
+trap 'rm -rf "$DSV4_HOME"' EXIT
+cd build
+ctest --output-on-failure -j"$(nproc 2>/dev/null || echo 2)"

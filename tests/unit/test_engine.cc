@@ -1,0 +1,165 @@
+// Engine behaviour on the embedded default model: sampling, state rollback, MTP step, routing rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "backend/cpu/moe.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "model/random_checkpoint.h"
+#include "core/error.h"
+#include "test_util.h"
+
+namespace dsv4 {
+namespace {
+
+class DefaultModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir("engine");
+    write_random_checkpoint(default_model_config_json(), dir_->str(), RandomCheckpointOptions{});
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static testing::TempDir* dir_;
+
+  static std::vector<float> run(const Model& m, SequenceState& s, const std::vector<int32_t>& toks, bool all = true) {
+    std::vector<SeqChunk> b(1);
+    b[0].seq = &s;
+    b[0].tokens = toks;
+    b[0].all_logits = all;
+    return m.forward(b)[0].logits;
+  }
+};
+testing::TempDir* DefaultModel::dir_ = nullptr;
+
+TEST_F(DefaultModel, WriterIsDeterministic) {
+  testing::TempDir other("engine2");
+  write_random_checkpoint(default_model_config_json(), other.str(), RandomCheckpointOptions{});
+  for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    auto a = testing::read_file<uint8_t>(dir_->str() + "/" + f), b = testing::read_file<uint8_t>(other.str() + "/" + f);
+    EXPECT_EQ(a, b) << f;
+  }
+}
+
+TEST_F(DefaultModel, RollbackRestoresTheExactState) {
+  auto m = Model::load(dir_->str());
+  auto s = m->new_sequence();
+  std::vector<int32_t> prefix, a, b;
+  for (int i = 0; i < 150; ++i) prefix.push_back((i * 37 + 11) % 129280);
+  for (int i = 0; i < 21; ++i) a.push_back((i * 101 + 3) % 129280), b.push_back((i * 7 + 5) % 129280);
+  run(*m, *s, prefix);
+  SequenceSnapshot snap = s->snapshot();
+  auto la = run(*m, *s, a);
+  s->restore(snap);
+  EXPECT_EQ(run(*m, *s, a), la) << "replaying after a rollback must give the same logits";
+  s->restore(snap);
+  auto lb = run(*m, *s, b);
+  auto fresh = m->new_sequence();
+  run(*m, *fresh, prefix);
+  EXPECT_EQ(run(*m, *fresh, b), lb) << "rolled-back state must equal a state that never saw the rejected tokens";
+  EXPECT_EQ(s->length, 171);
+}
+
+TEST_F(DefaultModel, MtpStepRunsOnTheMainStreamsAndIsChunkInvariant) {
+  auto m = Model::load(dir_->str());
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 40; ++i) toks.push_back((i * 13 + 1) % 129280);
+  auto s = m->new_sequence();
+  std::vector<SeqChunk> b(1);
+  b[0] = {s.get(), toks, false, true};
+  auto out = m->forward(b);
+  const int64_t D = m->config().hidden_size, n = m->config().hc_mult;
+  ASSERT_EQ(out[0].streams.size(), toks.size() * n * D);
+  // MTP over positions 0..38 with next tokens 1..39, all at once and in two pieces.
+  std::vector<int32_t> next(toks.begin() + 1, toks.end());
+  std::vector<float> streams(out[0].streams.begin(), out[0].streams.end() - n * D);
+  std::vector<MtpChunk> one(1);
+  one[0] = {s.get(), next, streams, true};
+  auto whole = m->mtp_forward(one)[0].logits;
+  auto s2 = m->new_sequence();
+  s2->length = s->length;
+  std::vector<float> pieces;
+  for (size_t start : {size_t(0), size_t(17)}) {
+    size_t end = start == 0 ? 17 : next.size();
+    std::vector<MtpChunk> c(1);
+    c[0].seq = s2.get();
+    c[0].next_tokens.assign(next.begin() + start, next.begin() + end);
+    c[0].streams.assign(streams.begin() + start * n * D, streams.begin() + end * n * D);
+    c[0].all_logits = true;
+    auto l = m->mtp_forward(c)[0].logits;
+    pieces.insert(pieces.end(), l.begin(), l.end());
+  }
+  EXPECT_EQ(whole, pieces);
+  for (float v : whole) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(s->mtp_length, 39);
+}
+
+TEST_F(DefaultModel, OutOfVocabularyTokenIsAnErrorNotACrash) {
+  auto m = Model::load(dir_->str());
+  auto s = m->new_sequence();
+  std::vector<SeqChunk> b(1);
+  b[0].seq = s.get();
+  b[0].tokens = {0, 129280};
+  try {
+    m->forward(b);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 129280"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s->length, 0) << "a rejected request must not advance the sequence";
+}
+
+TEST_F(DefaultModel, HashLayersRouteByTokenIdAndOthersByScorePlusBias) {
+  auto m = Model::load(dir_->str());
+  const ModelConfig& c = m->config();
+  const LayerWeights& hash = m->weights().layers[0];
+  ASSERT_TRUE(hash.hash);
+  std::vector<float> x(2 * c.hidden_size, 0.1f);
+  std::vector<int32_t> ids = {5, 77}, idx(2 * c.num_experts_per_tok);
+  std::vector<float> w(idx.size());
+  cpu::moe_route(c, hash, x.data(), 2, ids.data(), idx.data(), w.data());
+  for (int k = 0; k < c.num_experts_per_tok; ++k) {
+    EXPECT_EQ(idx[k], hash.tid2eid[5 * c.num_experts_per_tok + k]);
+    EXPECT_EQ(idx[c.num_experts_per_tok + k], hash.tid2eid[77 * c.num_experts_per_tok + k]);
+  }
+  float sum = 0;
+  for (int k = 0; k < c.num_experts_per_tok; ++k) sum += w[k];
+  EXPECT_NEAR(sum, c.routed_scaling_factor, 1e-5);  // normalized, then scaled
+}
+
+TEST(Sampler, GreedyAndFiltersThatLeaveOneCandidate) {
+  std::vector<float> l = {0.1f, 3.0f, 2.9f, -1.0f};
+  EXPECT_EQ(argmax(l.data(), 4), 1);
+  for (SamplingParams p : {SamplingParams{1.0f, 1, 1.0f, 0.0f, 7}, SamplingParams{1.0f, 0, 1e-6f, 0.0f, 7},
+                           SamplingParams{1.0f, 0, 1.0f, 1.0f, 7}}) {
+    Sampler s(p);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(l.data(), 4), 1);
+  }
+}
+
+TEST(Sampler, SeedDeterminesTheDrawsAndFrequenciesFollowSoftmax) {
+  std::vector<float> l = {0.0f, std::log(2.0f), std::log(5.0f)};  // p = 1/8, 2/8, 5/8
+  Sampler a({1.0f, 0, 1.0f, 0.0f, 42}), b({1.0f, 0, 1.0f, 0.0f, 42});
+  std::map<int, int> count;
+  for (int i = 0; i < 8000; ++i) {
+    int x = a.sample(l.data(), 3);
+    EXPECT_EQ(x, b.sample(l.data(), 3));
+    count[x]++;
+  }
+  EXPECT_NEAR(count[0] / 8000.0, 0.125, 0.02);
+  EXPECT_NEAR(count[1] / 8000.0, 0.25, 0.02);
+  EXPECT_NEAR(count[2] / 8000.0, 0.625, 0.02);
+}
+
+TEST(Sampler, NonFiniteLogitsAndBadParametersAreErrors) {
+  std::vector<float> l = {0.0f, NAN};
+  EXPECT_THROW(argmax(l.data(), 2), Error);  // never silently token 0 (failure mode F1)
+  EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 0, 1.0f, 1.5f, 0}), Error);
+}
+
+}  // namespace
+}  // namespace dsv4
