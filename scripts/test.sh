@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 export DSV4_HOME="$(mktemp -d)"  # the CLI tests write the default model here, not into ~
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # ctest -j runs several OpenMP programs at once
 trap 'rm -rf "$DSV4_HOME"' EXIT
 cd build
 ctest --output-on-failure -j"$(nproc 2>/dev/null || echo 2)"

@@ -64,7 +64,7 @@ void Model::attention(const LayerWeights& L, const Plan& plan, const float* xn, 
   linear(L.wq_a, xn, T, qr.data());
   for (int64_t t = 0; t < T; ++t) rmsnorm(&qr[t * qlr], L.q_norm.data(), qlr, eps, &qr[t * qlr]);
   linear(L.wq_b, qr.data(), T, q.data());
-#pragma omp parallel for
+#pragma omp parallel for if (T * H * hd >= (int64_t(1) << 16))
   for (int64_t th = 0; th < T * H; ++th) {
     float* qh = &q[th * hd];
     rmsnorm(qh, nullptr, hd, eps, qh);
@@ -117,7 +117,7 @@ void Model::attention(const LayerWeights& L, const Plan& plan, const float* xn, 
     if (L.ratio) decode_rows(st.entries, codec, entries);
     if (L.kind == AttnKind::kCSA) decode_rows(st.index_keys, *index_codec_, ikeys);
 
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (s.count >= 4)
     for (int64_t i = 0; i < s.count; ++i) {
       const int64_t t = s.first + i, p = s.start + i;
       std::vector<const float*> keys;

@@ -76,8 +76,9 @@ void Model::block(int layer, const Plan& plan, float* h) const {
   const float eps = static_cast<float>(c.rms_norm_eps);
   std::vector<float> x(T * D), y(T * D), post(T * n), comb(T * n * n), res(T * n * D);
 
+  const bool par = T * n * D >= (int64_t(1) << 16);  // fork/join only when there is enough work
   auto hc_pre_all = [&](const HcWeights& hw, const std::vector<float>& norm_w) {
-#pragma omp parallel for
+#pragma omp parallel for if (par)
     for (int64_t t = 0; t < T; ++t) {
       hc_pre(hw, hp, h + t * n * D, x.data() + t * D, post.data() + t * n, comb.data() + t * n * n);
       rmsnorm(x.data() + t * D, norm_w.data(), D, eps, x.data() + t * D);
@@ -85,7 +86,7 @@ void Model::block(int layer, const Plan& plan, float* h) const {
   };
   auto hc_post_all = [&]() {
     std::memcpy(res.data(), h, sizeof(float) * T * n * D);
-#pragma omp parallel for
+#pragma omp parallel for if (par)
     for (int64_t t = 0; t < T; ++t)
       hc_post(hp, y.data() + t * D, res.data() + t * n * D, post.data() + t * n, comb.data() + t * n * n,
               h + t * n * D);

@@ -65,6 +65,18 @@ class BadCheckpoint : public ::testing::Test {
 
 TEST_F(BadCheckpoint, ValidCheckpointLoads) { EXPECT_NO_THROW(Checkpoint::open(dir.str())); }
 
+TEST(Checkpoint, SingleFileWithoutIndexLoads) {
+  testing::TempDir d("single");
+  RandomCheckpointOptions opt;
+  opt.shards = 1;
+  write_random_checkpoint(default_model_config_json(), d.str(), opt);
+  fs::rename(d.path() / "model-00001-of-00001.safetensors", d.path() / "model.safetensors");
+  fs::remove(d.path() / "model.safetensors.index.json");
+  auto ck = Checkpoint::open(d.str());
+  EXPECT_TRUE(ck->has("mtp.0.e_proj.weight"));
+  EXPECT_EQ(ck->files().size(), 1u);
+}
+
 TEST_F(BadCheckpoint, MissingShard) {
   fs::remove(dir.path() / kShard2);
   expect_error({"shard model-00002-of-00002.safetensors is missing", "model.safetensors.index.json"});

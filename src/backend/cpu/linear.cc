@@ -67,7 +67,9 @@ void linear_rows(const LinearWeight& w, int64_t row_begin, int64_t rows, const f
   constexpr int64_t kRowBlock = 8;  // rows dequantized together, then reused across all T inputs
   const int64_t K = w.cols;
   const int64_t nblocks = (rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel
+  // Small products run on the calling thread: a fork/join costs more than they do.
+  const bool big = rows * K * T >= (int64_t(1) << 18);
+#pragma omp parallel if (big)
   {
     std::vector<float> buf(static_cast<size_t>(kRowBlock * K));
 #pragma omp for schedule(dynamic, 4)
