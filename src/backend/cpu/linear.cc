@@ -1,5 +1,6 @@
 #include "backend/cpu/linear.h"
 
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -48,13 +49,20 @@ void dequant_row(const LinearWeight& w, int64_t row, float* out) {
     }
     case WeightFormat::kFP4: {
       // Two e2m1 codes per byte along K, element 2j in the low nibble; one UE8M0 scale per 32 elements.
+      static const auto pairs = [] {  // byte -> (low, high) values
+        std::array<std::array<float, 2>, 256> t{};
+        for (int b = 0; b < 256; ++b) t[b] = {fp4_e2m1_to_f32(b & 0xf), fp4_e2m1_to_f32(b >> 4)};
+        return t;
+      }();
       const uint8_t* p = w.w + row * (K / 2);
       const uint8_t* s = w.scale + row * (K / 32);
-      for (int64_t k = 0; k < K; k += 2) {
-        const float sc = e8m0_to_f32(s[k / 32]);
-        const uint8_t b = p[k / 2];
-        out[k] = fp4_e2m1_to_f32(b & 0xf) * sc;
-        out[k + 1] = fp4_e2m1_to_f32(b >> 4) * sc;
+      for (int64_t g = 0; g < K / 32; ++g) {
+        const float sc = e8m0_to_f32(s[g]);
+        for (int64_t j = 0; j < 16; ++j) {
+          const auto& v = pairs[p[g * 16 + j]];
+          out[g * 32 + 2 * j] = v[0] * sc;
+          out[g * 32 + 2 * j + 1] = v[1] * sc;
+        }
       }
       return;
     }

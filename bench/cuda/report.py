@@ -1,0 +1,35 @@
+"""Merges bench_cuda_kernels' CSV and torch_topk_peer.py's CSV into the markdown tables of docs/KERNELS.md."""
+import sys
+
+
+def read(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) >= 3 and not line.startswith("#"):
+                rows.append(parts)
+    return rows
+
+
+ours = read(sys.argv[1])
+torch = {r[1]: float(r[2]) for r in read(sys.argv[2]) if r[0] == "torch_topk"} if len(sys.argv) > 2 else {}
+copy = [r for r in ours if r[0] == "copy"]
+if copy:
+    print(f"copy bandwidth (read + write): {float(copy[0][6]):.0f} GB/s\n")
+print("| top-k case | ours (us) | torch.topk (us) | torch / ours | ours / read floor |")
+print("| --- | ---: | ---: | ---: | ---: |")
+for r in ours:
+    if r[0] != "topk":
+        continue
+    t = torch.get(r[1])
+    tt = f"{t:.1f}" if t else "-"
+    sp = f"{t / float(r[2]):.1f}x" if t else "-"
+    print(f"| {r[1]} | {float(r[2]):.1f} | {tt} | {sp} | {float(r[6]):.2f}x |")
+print()
+print("| kernel | case | us | metric | value |")
+print("| --- | --- | ---: | --- | ---: |")
+for r in ours:
+    if r[0] in ("topk", "copy"):
+        continue
+    print(f"| {r[0]} | {r[1]} | {float(r[2]):.1f} | {r[5]} | {float(r[6]):.3f} |")

@@ -1,0 +1,13 @@
+// Lightning-indexer scores over keys stored as FP8 (the cache layout of KvCodec(kFP8, d, 0, d)): each key row
+// holds d e4m3 bytes followed by one UE8M0 scale byte (2^(e-127)); rows are `row_bytes` apart. The keys are
+// decoded exactly (e4m3 value * scale) and scored with indexer_scores; keys t >= n_visible score -inf
+// (causal prefill: n_visible = (p + 1) / 4).
+#pragma once
+#include <cstdint>
+
+namespace dsv4::cpu {
+
+void indexer_scores_fp8(const float* q, const float* w, int H, int d, const uint8_t* keys, int64_t n,
+                        int64_t row_bytes, int64_t n_visible, float* scores);
+
+}  // namespace dsv4::cpu

@@ -1,0 +1,78 @@
+// Thin host-side entry points of the CUDA kernels for the sparse-attention path (docs/KERNELS.md).
+// Every pointer is a device pointer; every call is asynchronous on `stream` and performs no allocation, no
+// host synchronisation and no host-side branching on device data, so each call can be captured in a CUDA
+// graph and replayed with new device-side lengths. Shapes a kernel does not support raise dsv4::Error naming
+// the shape (never a silent fallback). Each operation computes the same function as its CPU reference.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// ---- device gate -----------------------------------------------------------------------------------------
+// The kernels are built for sm_90a, sm_120a and sm_121a only. Returns the configuration for the current
+// device, chosen by its exact compute capability; throws naming the capability for any other part.
+struct DeviceConfig {
+  int major = 0, minor = 0;
+  int sm_count = 0;
+  size_t smem_optin = 0;  // sharedMemPerBlockOptin
+  const char* arch = "";  // "sm_90a" | "sm_120a" | "sm_121a"
+};
+const DeviceConfig& device_config();
+// Throws dsv4::Error with `what` and the CUDA error string when `err` is not cudaSuccess.
+void check(cudaError_t err, const char* what);
+
+// ---- exact top-k per row (reference: cpu::topk_row) ---------------------------------------------------------
+// scores: [rows, row_stride] fp32; row r holds lengths[r] entries (lengths == nullptr: all `cols`; values
+// above `cols` are clamped). out: [rows, k] int32 = the selected indices in ascending order, then -1.
+// Exact for any input (the pivot-bin overflow path rescans the row; nothing is truncated), lowest index
+// wins among equal values, NaN/-inf never selected. One CTA per row, no inter-CTA communication.
+// Supported: 1 <= k <= 2048, cols <= 2^24.
+void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
+               int32_t* out, cudaStream_t stream);
+
+// ---- sparse attention with per-head sinks (reference: cpu::sparse_attention) ---------------------------------
+// K = V rows of 512 dims stored in one of the KvCodec layouts (engine/kv_state.h):
+enum class KvRowFormat { kF32, kBF16, kFP8 };  // fp8: 448 e4m3 + 64 bf16 RoPE + 7 UE8M0 scales (584 B)
+struct SparseAttentionArgs {
+  const float* q = nullptr;        // [n_queries, 64, 512]
+  const uint8_t* kv = nullptr;     // [n_rows, row_bytes]
+  int64_t n_rows = 0;
+  int64_t row_bytes = 0;           // >= the format's row size; must keep rows 8-byte aligned (16 for f32)
+  KvRowFormat format = KvRowFormat::kFP8;
+  const int32_t* slots = nullptr;  // [n_queries, n_slots] row indices; < 0 or >= n_rows: invalid slot
+  const int32_t* valid_len = nullptr;  // [n_queries] or nullptr: slots at or past valid_len[q] are invalid
+  int n_slots = 0;
+  const float* sink = nullptr;     // [64] per-head sink logits (natural-log domain); -inf allowed
+  float scale = 0.0f;              // softmax scale, 512^-0.5 for DeepSeek-V4
+  float* out = nullptr;            // [n_queries, 64, 512]
+  int n_queries = 0;
+  void* workspace = nullptr;       // sparse_attention_workspace_bytes(...) bytes (split-K partials)
+};
+constexpr int kAttnHeads = 64;
+constexpr int kAttnDim = 512;
+size_t sparse_attention_workspace_bytes(int n_queries, int n_slots);
+void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
+
+// ---- lightning indexer scores over FP8 keys (reference: cpu::indexer_scores_fp8) -----------------------------
+// I(s,t) = sum_h w[s,h] * ReLU(q[s,h] . k[t]) * d^-0.5 with k[t] = e4m3 bytes * 2^(scale byte - 127).
+// Key row t: 128 e4m3 bytes then one UE8M0 scale byte (KvCodec(kFP8, 128, 0, 128): 136 B), stride row_bytes.
+// Query s sees keys t < n_visible[s] (nullptr: all n_keys; causal prefill passes (p+1)/4); the rest get -inf.
+struct IndexerArgs {
+  const float* q = nullptr;   // [n_queries, 64, 128]
+  const float* w = nullptr;   // [n_queries, 64] head weights (already scaled)
+  const uint8_t* keys = nullptr;
+  int64_t n_keys = 0;
+  int64_t row_bytes = 136;
+  const int32_t* n_visible = nullptr;  // [n_queries] or nullptr
+  float* scores = nullptr;    // [n_queries, score_stride]
+  int64_t score_stride = 0;
+  int n_queries = 0;
+};
+constexpr int kIndexerHeads = 64;
+constexpr int kIndexerDim = 128;
+void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,214 @@
+// cuda::topk_rows against cpu::topk_row. Both follow the same deterministic rule (lowest index among equal
+// values, ascending output, -1 padding), so indices must match exactly — which implies identical value
+// multisets — on random rows and on the adversarial battery of issue #4 / spec F9, F15.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "backend/cpu/topk.h"
+#include "cuda_test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using cuda_test::DeviceBuffer;
+
+struct Case {
+  std::string name;
+  int rows, cols, k;
+  int64_t stride;
+  std::vector<float> scores;     // rows * stride
+  std::vector<int32_t> lengths;  // empty: all cols
+};
+
+// Runs the GPU kernel on `c` (output poisoned first) and compares every row with the CPU reference.
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.name + " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols) +
+               " k=" + std::to_string(c.k));
+  DeviceBuffer<float> d_scores(c.scores.size());
+  d_scores.upload(c.scores);
+  DeviceBuffer<int32_t> d_len(std::max<size_t>(c.lengths.size(), 1));
+  if (!c.lengths.empty()) d_len.upload(c.lengths);
+  DeviceBuffer<int32_t> d_out(static_cast<size_t>(c.rows) * c.k);
+  d_out.poison();
+  cuda::topk_rows(d_scores.get(), c.stride, c.cols, c.lengths.empty() ? nullptr : d_len.get(), c.rows, c.k,
+                  d_out.get(), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<int32_t> got = d_out.download();
+  std::vector<int32_t> want(c.k);
+  for (int r = 0; r < c.rows; ++r) {
+    const int n = c.lengths.empty() ? c.cols : std::min(c.lengths[r], c.cols);
+    cpu::topk_row(c.scores.data() + static_cast<int64_t>(r) * c.stride, n, c.k, want.data());
+    const int32_t* g = got.data() + static_cast<int64_t>(r) * c.k;
+    int bad = -1;
+    for (int i = 0; i < c.k && bad < 0; ++i)
+      if (g[i] != want[i]) bad = i;
+    ASSERT_EQ(bad, -1) << "row " << r << " slot " << bad << ": gpu " << g[bad] << " cpu " << want[bad];
+  }
+}
+
+Case random_case(std::mt19937_64& rng, int rows, int cols, int k, int64_t stride = -1) {
+  Case c{"random", rows, cols, k, stride < 0 ? cols : stride, {}, {}};
+  c.scores.resize(static_cast<size_t>(rows) * c.stride);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (float& x : c.scores) x = nd(rng);
+  return c;
+}
+
+TEST(CudaTopk, RandomRowsAllK) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed());
+  for (int k : {512, 1024, 2048})
+    for (int cols : {100, 2048, 8192, 65536, 262144}) check_case(random_case(rng, 4, cols, k));
+  check_case(random_case(rng, 2, 1 << 20, 2048));  // rows up to 1M
+}
+
+// Lengths around every internal threshold: k, the 8192-element emission step, the 16384-element streaming
+// step, 8192 / 32768 (other implementations' path switches), plus odd strides (unaligned rows).
+TEST(CudaTopk, LengthsAroundThresholds) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 1);
+  for (int k : {512, 1024, 2048}) {
+    for (int base : {k, 2048, 4096, 8192, 16384, 32768, 65536})
+      for (int d : {-1, 0, 1}) check_case(random_case(rng, 2, base + d, k));
+    check_case(random_case(rng, 3, 40001, k, 40003));  // odd stride: rows not 16-byte aligned
+  }
+}
+
+// Thousands of exact ties: values from a tiny set, so the k-th value is shared by thousands of entries.
+TEST(CudaTopk, ExactTies) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 2);
+  for (int k : {512, 1024, 2048}) {
+    Case c{"ties", 4, 65536, k, 65536, {}, {}};
+    c.scores.resize(4 * 65536);
+    std::uniform_int_distribution<int> v(0, 7);
+    for (float& x : c.scores) x = static_cast<float>(v(rng));
+    check_case(c);
+    for (float& x : c.scores) x = 1.0f;  // all equal: lowest k indices
+    c.name = "all-equal";
+    check_case(c);
+    for (size_t i = 0; i < c.scores.size(); ++i) c.scores[i] = (i & 1) ? -0.0f : 0.0f;  // -0 == +0
+    c.name = "signed-zeros";
+    check_case(c);
+  }
+}
+
+// All values inside one fp16 bin ([1, 1 + 1/32)): the coarse histogram cannot separate anything and the
+// pivot bin holds the whole row (streaming exact path).
+TEST(CudaTopk, OneFp16Bin) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 3);
+  std::uniform_real_distribution<float> u(1.0f, 1.03125f);
+  for (int k : {512, 1024, 2048})
+    for (int cols : {9000, 65536, 262144}) {
+      Case c{"one-bin", 2, cols, k, cols, {}, {}};
+      c.scores.resize(2 * static_cast<size_t>(cols));
+      for (float& x : c.scores) x = u(rng);
+      check_case(c);
+    }
+}
+
+// Pivot-bin populations around 3708, 4096, 8192 (this kernel's buffer) and 16384, with some ties inside.
+TEST(CudaTopk, PivotBinPopulations) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 4);
+  std::uniform_real_distribution<float> in_bin(1.0f, 1.03125f), high(100.f, 200.f), low(-50.f, -1.f);
+  for (int k : {512, 1024, 2048})
+    for (int pop : {3707, 3708, 3709, 4095, 4096, 4097, 8191, 8192, 8193, 16383, 16384, 16385}) {
+      const int cols = 65536;
+      Case c{"pivot-pop-" + std::to_string(pop), 1, cols, k, cols, {}, {}};
+      c.scores.resize(cols);
+      const int above = k / 2;
+      for (int i = 0; i < cols; ++i) {
+        float x;
+        if (i < pop) x = (i % 7 == 0) ? 1.015625f : in_bin(rng);  // every 7th an exact tie
+        else if (i < pop + above) x = high(rng);
+        else x = low(rng);
+        c.scores[i] = x;
+      }
+      std::shuffle(c.scores.begin(), c.scores.end(), rng);
+      check_case(c);
+    }
+}
+
+// -inf padding, NaN, fewer valid entries than k, per-row lengths (incl. 0 and lengths past cols).
+TEST(CudaTopk, InvalidEntriesAndLengths) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 5);
+  for (int k : {512, 1024, 2048}) {
+    Case c = random_case(rng, 8, 20000, k);
+    c.name = "invalid";
+    // row 0: -inf tail; row 1: only 300 valid; row 2: NaNs sprinkled; row 3: all -inf; rows 4-7: lengths.
+    for (int i = 5000; i < 20000; ++i) c.scores[i] = -INFINITY;
+    for (int i = 0; i < 20000; ++i)
+      if (i % 64) c.scores[20000 + i] = -INFINITY;
+    for (int i = 0; i < 20000; i += 3) c.scores[2 * 20000 + i] = NAN;
+    for (int i = 0; i < 20000; ++i) c.scores[3 * 20000 + i] = -INFINITY;
+    c.lengths = {20000, 20000, 20000, 20000, 0, k - 1, k + 1, 1 << 30};
+    check_case(c);
+  }
+}
+
+// F15: fewer entries than k (select_k < topk width) — every valid entry present, then -1.
+TEST(CudaTopk, FewerEntriesThanK) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 6);
+  for (int k : {512, 1024, 2048})
+    for (int cols : {1, 7, 300, 511}) check_case(random_case(rng, 3, cols, k));
+}
+
+// F7: one captured graph replayed 100 times with new device-side lengths (crossing k, the buffer and the
+// streaming thresholds) and new scores; each replay must equal the CPU reference (and so eager execution).
+TEST(CudaTopk, GraphReplayWithChangingLengths) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 7);
+  const int rows = 6, cols = 70000, k = 1024;
+  DeviceBuffer<float> d_scores(static_cast<size_t>(rows) * cols);
+  DeviceBuffer<int32_t> d_len(rows), d_out(static_cast<size_t>(rows) * k), d_eager(static_cast<size_t>(rows) * k);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cuda::topk_rows(d_scores.get(), cols, cols, d_len.get(), rows, k, d_out.get(), st);
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  std::uniform_int_distribution<int> len(0, cols);
+  std::uniform_real_distribution<float> in_bin(1.0f, 1.03125f);
+  for (int it = 0; it < 100; ++it) {
+    Case c = random_case(rng, rows, cols, k);
+    if (it % 3 == 0)  // every third replay: a row whose pivot bin overflows the shared buffer
+      for (int i = 0; i < 20000; ++i) c.scores[i] = in_bin(rng);
+    c.lengths.resize(rows);
+    for (int r = 0; r < rows; ++r) c.lengths[r] = len(rng);
+    c.lengths[0] = std::max(c.lengths[0], 20000);
+    c.lengths[1] = k - 1 + it % 3;
+    d_scores.upload(c.scores);
+    d_len.upload(c.lengths);
+    d_out.poison();
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    cuda::topk_rows(d_scores.get(), cols, cols, d_len.get(), rows, k, d_eager.get(), st);
+    CUDA_OK(cudaStreamSynchronize(st));
+    const auto g = d_out.download(), e = d_eager.download();
+    ASSERT_EQ(0, std::memcmp(g.data(), e.data(), g.size() * 4)) << "replay " << it << " differs from eager";
+    std::vector<int32_t> want(k);
+    for (int r = 0; r < rows; ++r) {
+      cpu::topk_row(c.scores.data() + static_cast<int64_t>(r) * cols, c.lengths[r], k, want.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), g.data() + static_cast<int64_t>(r) * k, k * 4))
+          << "replay " << it << " row " << r;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST(CudaTopk, UnsupportedShapeFailsLoudly) {
+  DSV4_REQUIRE_GPU();
+  EXPECT_THROW(cuda::topk_rows(nullptr, 10, 10, nullptr, 1, 4096, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::topk_rows(nullptr, 10, 10, nullptr, 1, 0, nullptr, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace dsv4
