@@ -8,6 +8,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #ifdef DSV4_HAVE_TEXT
+#include "text/stream_decoder.h"
 #include "text/tokenizer.h"
 #endif
 
@@ -102,26 +103,17 @@ int cmd_run(int argc, char** argv) {
   }
   auto t1 = clock::now();
   std::vector<int32_t> out;
-  std::string shown;
+#ifdef DSV4_HAVE_TEXT
+  std::unique_ptr<text::StreamDecoder> stream;
+  if (as_text) stream = std::make_unique<text::StreamDecoder>(*tok);
+#endif
   for (long long n = 0; n < max_tokens; ++n) {
     const int32_t next = sampler.sample(last.data(), c.vocab_size);
     out.push_back(next);
     if (as_text) {
 #ifdef DSV4_HAVE_TEXT
-      std::string all = tok->decode(out);
-      // Print only complete UTF-8: hold back a trailing partial sequence.
-      size_t end = all.size();
-      size_t k = end;
-      while (k > 0 && end - k < 4 && (static_cast<unsigned char>(all[k - 1]) & 0xC0) == 0x80) --k;
-      if (k > 0) {
-        unsigned char lead = static_cast<unsigned char>(all[k - 1]);
-        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-        if (end - (k - 1) < need) end = k - 1;
-      }
-      if (end > shown.size()) {
-        std::fwrite(all.data() + shown.size(), 1, end - shown.size(), stdout);
-        shown.assign(all, 0, end);
-      }
+      const std::string piece = stream->push(next);  // complete UTF-8 only
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
 #endif
     } else {
       std::printf("%s%d", n ? " " : "", next);
@@ -134,6 +126,9 @@ int cmd_run(int argc, char** argv) {
     last = std::move(model->forward(b)[0].logits);
   }
   auto t2 = clock::now();
+#ifdef DSV4_HAVE_TEXT
+  if (stream) std::fputs(stream->finish().c_str(), stdout);
+#endif
   std::printf("\n");
   if (!a.has("quiet")) {
     const double pf = std::chrono::duration<double>(t1 - t0).count();

@@ -161,15 +161,20 @@ void write_random_checkpoint(const std::string& config_json, const std::string& 
     return std::stoi(name.substr(7));
   };
 
+  // Every tensor has its own generator (seeded by its name), so tensors are made in parallel and the
+  // bytes do not depend on the thread count.
+  std::vector<std::vector<TensorBlob>> made(manifest.size());
+  std::vector<int> shard_of(manifest.size(), -1);
+#pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < manifest.size(); ++i) {
     const ExpectedTensor& e = manifest[i];
     const int layer = layer_of(e.name);
     if (ends_with(e.name, ".scale") && e.shape.size() == 2) continue;  // written with its weight
     // Spread layers over shards; globals go to the first, MTP to the last (as in the official files).
-    int s = layer >= 0 ? layer * shards / std::max(1, c.num_hidden_layers) : (e.name.rfind("mtp.", 0) == 0 ? shards - 1 : 0);
-    std::vector<TensorBlob>& blobs = shard_blobs[s];
+    shard_of[i] = layer >= 0 ? layer * shards / std::max(1, c.num_hidden_layers)
+                             : (e.name.rfind("mtp.", 0) == 0 ? shards - 1 : 0);
+    std::vector<TensorBlob>& blobs = made[i];
     Rng rng{name_seed(opt.seed, e.name)};
-    const size_t before = blobs.size();
     const std::string base = ends_with(e.name, ".weight") ? e.name.substr(0, e.name.size() - 7) : e.name;
     const bool has_scale = i + 1 < manifest.size() && manifest[i + 1].name == base + ".scale";
     if (e.dtypes[0] == DType::kI64) {  // tid2eid: distinct experts per token
@@ -192,8 +197,12 @@ void write_random_checkpoint(const std::string& config_json, const std::string& 
     } else {
       blobs.push_back(encode_plain(e.name, e.dtypes[0], e.shape, values_for(e.name, e.shape, rng)));
     }
-    for (size_t k = before; k < blobs.size(); ++k) weight_map[blobs[k].name] = shard_name(s);
   }
+  for (size_t i = 0; i < manifest.size(); ++i)
+    for (TensorBlob& b : made[i]) {
+      weight_map[b.name] = shard_name(shard_of[i]);
+      shard_blobs[shard_of[i]].push_back(std::move(b));
+    }
   for (int s = 0; s < shards; ++s) {
     std::vector<const TensorBlob*> ptrs;
     for (const TensorBlob& b : shard_blobs[s]) ptrs.push_back(&b);
