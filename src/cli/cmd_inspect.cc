@@ -5,37 +5,16 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "engine/memory_plan.h"
 #include "engine/model.h"
 
 namespace dsv4::cli {
 
-// Which component a tensor belongs to, for the byte table.
-static std::string component_of(const std::string& name) {
-  if (name.rfind("mtp.", 0) == 0) return "mtp block";
-  if (name == "embed.weight") return "embedding";
-  if (name == "head.weight") return "lm head";
-  if (name.find(".ffn.experts.") != std::string::npos) return "routed experts";
-  if (name.find(".ffn.shared_experts.") != std::string::npos) return "shared experts";
-  if (name.find(".ffn.gate.") != std::string::npos) return "router";
-  if (name.find(".attn.indexer.") != std::string::npos) return "indexer";
-  if (name.find(".attn.compressor.") != std::string::npos) return "compressor";
-  if (name.find(".attn.") != std::string::npos) return "attention";
-  return "norms and mHC";
-}
-
-static std::string human(double b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) { b /= 1024; ++u; }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f %s", b, unit[u]);
-  return buf;
-}
-
 int cmd_inspect(int argc, char** argv) {
-  Args a(argc, argv, 2, {"model", "context", "kv-cache-dtype", "sequences"}, {"help", "tensors"});
+  Args a(argc, argv, 2, {"model", "context", "kv-cache-dtype", "sequences", "device-memory-gib"}, {"help", "tensors"});
   if (a.has("help")) {
-    std::printf("dsv4 inspect [--model DIR] [--tensors] [--context 1048576] [--sequences 1] [--kv-cache-dtype bf16|fp8|f32]\n");
+    std::printf("dsv4 inspect [--model DIR] [--tensors] [--context 1048576] [--sequences 1] [--kv-cache-dtype bf16|fp8|f32]\n"
+                "             [--device-memory-gib 141 (check the plan against a device of this size)]\n");
     return 0;
   }
   EngineOptions opt;
@@ -64,20 +43,25 @@ int cmd_inspect(int argc, char** argv) {
   std::printf("  rope theta %g (window) / %g (compressed, YaRN %s factor %g)\n", c.rope_theta, c.compress_rope_theta,
               c.yarn.enabled ? "on" : "off", c.yarn.factor);
 
-  std::map<std::string, size_t> by_comp;
-  for (const auto& [name, t] : ck.tensors()) by_comp[component_of(name)] += t->nbytes;
+  const MemoryPlan plan = plan_memory(*model);
   std::printf("\nbytes per component (as stored):\n");
-  for (const auto& [comp, b] : by_comp) std::printf("  %-16s %14zu  %s\n", comp.c_str(), b, human(b).c_str());
-  std::printf("  %-16s %14zu  %s\n", "total", ck.total_bytes(), human(ck.total_bytes()).c_str());
-
-  const double per_token = model->kv_bytes_per_token();
-  const size_t fixed = model->kv_fixed_bytes_per_sequence();
+  for (const auto& [comp, b] : plan.weights_by_component)
+    std::printf("  %-16s %14zu  %s\n", comp.c_str(), b, human_bytes(b).c_str());
+  std::printf("  %-16s %14zu  %s\n", "total", plan.weights, human_bytes(plan.weights).c_str());
   std::printf("\nKV cache (%s): %.1f bytes per token of context; %s fixed per sequence (window rings, compressor rows)\n",
-              kv_dtype_name(opt.kv_dtype), per_token, human(fixed).c_str());
-  if (context > 0) {
-    const double kv = (per_token * context + fixed) * sequences;
-    std::printf("memory for %lld sequence(s) x %lld tokens: weights %s + KV %s = %s\n", sequences, context,
-                human(ck.total_bytes()).c_str(), human(kv).c_str(), human(ck.total_bytes() + kv).c_str());
+              kv_dtype_name(opt.kv_dtype), plan.kv_bytes_per_token, human_bytes(plan.kv_fixed_per_sequence).c_str());
+  if (context > 0)
+    std::printf("memory for %lld sequence(s) x %lld tokens: weights %s + KV %s + workspace %s = %s\n", sequences,
+                context, human_bytes(plan.weights).c_str(),
+                human_bytes(plan.kv_bytes_per_token * context * sequences + double(plan.kv_fixed_per_sequence) * sequences).c_str(),
+                human_bytes(plan.workspace).c_str(), human_bytes(plan.total(context, sequences)).c_str());
+  if (a.has("device-memory-gib")) {
+    const double gib = a.get_double("device-memory-gib", 0);
+    if (gib <= 0) fail("--device-memory-gib must be positive");
+    const size_t dev = static_cast<size_t>(gib * (1ull << 30));
+    check_fits(plan, context, sequences, dev, "a " + human_bytes(dev) + " device");
+    std::printf("fits a %s device; longest context per sequence: %lld tokens\n", human_bytes(dev).c_str(),
+                static_cast<long long>(plan.max_context(sequences, dev)));
   }
   if (a.has("tensors")) {
     std::printf("\n%-60s %-8s %-22s %12s  %s\n", "tensor", "dtype", "shape", "bytes", "file");

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "backend/cpu/moe.h"
+#include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "model/random_checkpoint.h"
@@ -159,6 +160,37 @@ TEST(Sampler, NonFiniteLogitsAndBadParametersAreErrors) {
   EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, 0, 1.0f, 1.5f, 0}), Error);
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+TEST_F(DefaultModel, MemoryPlanCountsEveryByteAndRefusesWhatDoesNotFit) {
+  auto m = Model::load(dir_->str(), EngineOptions{KvDtype::kFP8});
+  MemoryPlan p = plan_memory(*m);
+  EXPECT_EQ(p.weights, m->checkpoint().total_bytes());
+  size_t sum = 0;
+  for (const auto& [comp, b] : p.weights_by_component) sum += b;
+  EXPECT_EQ(sum, p.weights);
+  // Default config: CSA layers 1 and 3, HCA layer 2; fp8 rows of 128 dims (64 non-RoPE) = 64+128+1 -> 200 B,
+  // indexer keys 128 + 1 -> 136 B.
+  EXPECT_DOUBLE_EQ(p.kv_bytes_per_token, 2 * (200.0 / 4 + 136.0 / 4) + 200.0 / 128);
+  const size_t need = p.total(100000, 2);
+  EXPECT_NO_THROW(check_fits(p, 100000, 2, need, "test device"));
+  try {
+    check_fits(p, 100000, 2, need - 1, "test device");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("does not fit on test device"), std::string::npos) << w;
+    EXPECT_NE(w.find("tokens per sequence fit (--max-model-len)"), std::string::npos) << w;
+  }
+  EXPECT_LT(p.max_context(2, need - 1), 100000);
+  EXPECT_GE(p.max_context(2, need), 100000 - 1);
+  EXPECT_EQ(p.max_context(1, p.weights / 2), 0);
 }
 
 }  // namespace
