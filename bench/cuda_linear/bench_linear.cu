@@ -1,0 +1,268 @@
+// Benchmarks of the decode GEMV, the MXFP4 MoE decode and the prefill GEMM against the bandwidth floor
+// (bytes that must be read / the device-to-device copy bandwidth measured in the same run) and against
+// cuBLAS bf16. Prints a markdown table. Usage: bench_cuda_linear [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/linear/linear_cuda.h"
+
+using namespace dsv4;
+
+namespace {
+
+void ok(cudaError_t e, const char* w) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", w, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Random bytes on the device (hash of the index); FP8 NaN codes replaced, scale bytes kept in [lo, lo+7].
+__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, int mode, int lo) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA6Bu;
+    h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
+    uint8_t b = uint8_t(h);
+    if (mode == 1 && (b & 0x7F) == 0x7F) b = 0x7E;  // e4m3
+    if (mode == 2) b = uint8_t(lo + (h & 7));       // ue8m0 scale
+    p[i] = b;
+  }
+}
+void fill(uint8_t* p, size_t n, uint32_t seed, int mode, int lo = 0) {
+  fill_kernel<<<2048, 256>>>(p, n, seed, mode, lo);
+  ok(cudaGetLastError(), "fill");
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() { cudaEventCreate(&a), cudaEventCreate(&b); }
+  template <typename F>
+  double median_us(int reps, int inner, F&& f) {  // median over reps of (time of `inner` calls) / inner
+    std::vector<double> v;
+    f(0);
+    ok(cudaDeviceSynchronize(), "warmup");
+    for (int r = 0; r < reps; ++r) {
+      cudaEventRecord(a);
+      for (int i = 0; i < inner; ++i) f(i);
+      cudaEventRecord(b);
+      ok(cudaEventSynchronize(b), "timing");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      v.push_back(1e3 * ms / inner);
+    }
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
+};
+
+struct Row {
+  std::string what;
+  double us, bytes, floor_us, peer_us;
+  std::string peer;
+};
+std::vector<Row> rows_out;
+double g_copy_bw = 0;  // bytes/s
+
+void print_rows() {
+  std::printf("\n| case | time (us) | GB/s | floor (us) | %% of floor | peer | peer (us) |\n|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows_out)
+    std::printf("| %s | %.2f | %.0f | %.2f | %.0f%% | %s | %s |\n", r.what.c_str(), r.us, r.bytes / r.us * 1e-3, r.floor_us,
+                100.0 * r.floor_us / r.us, r.peer.c_str(), r.peer_us > 0 ? std::to_string(r.peer_us).substr(0, 7).c_str() : "");
+}
+
+void bench_copy() {
+  const size_t n = size_t(1) << 30;
+  void *a, *b;
+  ok(cudaMalloc(&a, n), "malloc"), ok(cudaMalloc(&b, n), "malloc");
+  fill(static_cast<uint8_t*>(a), n, 1, 0);
+  Timer t;
+  const double us = t.median_us(10, 1, [&](int) { cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice); });
+  g_copy_bw = 2.0 * n / (us * 1e-6);
+  std::printf("copy bandwidth (read+write of 1 GiB D2D): %.0f GB/s\n", g_copy_bw * 1e-9);
+  cudaFree(a), cudaFree(b);
+}
+
+void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick) {
+  const size_t wbytes = fp4 ? N * K / 2 : N * K, sbytes = fp4 ? N * K / 32 : ((N + 127) / 128) * ((K + 127) / 128);
+  const int R = int(std::clamp<size_t>((size_t(400) << 20) / (wbytes + sbytes), 2, 64));  // > 6x the 60 MB L2
+  uint8_t *w, *s;
+  ok(cudaMalloc(&w, wbytes * R), "malloc"), ok(cudaMalloc(&s, sbytes * R), "malloc");
+  fill(w, wbytes * R, 7, fp4 ? 0 : 1);
+  fill(s, sbytes * R, 9, 2, fp4 ? 118 : 112);
+  uint16_t* x;
+  float* y;
+  ok(cudaMalloc(&x, 64 * K * 2), "malloc"), ok(cudaMalloc(&y, 64 * N * 4), "malloc");
+  fill(reinterpret_cast<uint8_t*>(x), 64 * K * 2, 3, 0);
+  // x: normal(0,1) values in bf16.
+  std::vector<uint16_t> hx(64 * K);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (auto& v : hx) {
+    float f = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    v = uint16_t(u >> 16);
+  }
+  ok(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "x");
+  cudalin::Workspace ws = cudalin::workspace_create();
+  // bf16 peer: cuBLAS on a bf16 copy of the same weight (2 bytes per weight), rotated the same way when it fits.
+  const size_t bbytes = size_t(N) * K * 2;
+  const int RB = int(std::clamp<size_t>((size_t(400) << 20) / bbytes, 2, 32));
+  uint16_t* wb;
+  ok(cudaMalloc(&wb, bbytes * RB), "malloc");
+  for (int r = 0; r < RB; ++r)
+    cudalin::dequant_to_bf16({fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + (r % R) * wbytes, s + (r % R) * sbytes, false},
+                             wb + size_t(r) * N * K, nullptr);
+  Timer t;
+  for (int T : Ts) {
+    const double us = t.median_us(quick ? 5 : 15, R, [&](int i) {
+      cudalin::DevWeight d{fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + i * wbytes, s + i * sbytes, false};
+      cudalin::gemv(d, x, K, T, y, N, ws, nullptr);
+    });
+    const double peer = t.median_us(quick ? 5 : 15, RB, [&](int i) { cudalin::gemm_bf16(x, T, wb + size_t(i) * N * K, N, K, y, nullptr); });
+    const double bytes = double(wbytes + sbytes) + 2.0 * T * K + 4.0 * T * N;
+    char name[128];
+    std::snprintf(name, sizeof name, "gemv %s [%lld x %lld] T=%d", fp4 ? "MXFP4" : "FP8", (long long)N, (long long)K, T);
+    rows_out.push_back({name, us, bytes, bytes / g_copy_bw * 1e6, peer, "cuBLAS bf16"});
+    std::printf("%s: %.2f us (%.0f GB/s), cuBLAS bf16 %.2f us\n", name, us, bytes / us * 1e-3, peer);
+  }
+  ok(cudaDeviceSynchronize(), "gemv bench");
+  cudalin::workspace_destroy(ws);
+  cudaFree(w), cudaFree(s), cudaFree(x), cudaFree(y), cudaFree(wb);
+}
+
+void bench_moe(bool quick) {
+  cudalin::MoeShape sh;  // V4-Flash: hidden 4096, inter 2048, 256 experts, top-6, clamp 10
+  const size_t w13 = size_t(sh.inter) * sh.hidden / 2, s13 = size_t(sh.inter) * sh.hidden / 32;
+  const size_t w2 = size_t(sh.hidden) * sh.inter / 2, s2 = size_t(sh.hidden) * sh.inter / 32;
+  const size_t per = 2 * (w13 + s13) + w2 + s2;
+  uint8_t* base;
+  ok(cudaMalloc(&base, per * sh.n_experts), "malloc experts");
+  fill(base, per * sh.n_experts, 11, 0);
+  std::vector<cudalin::DevExpert> ex(sh.n_experts);
+  for (int e = 0; e < sh.n_experts; ++e) {
+    uint8_t* p = base + per * e;
+    ex[e] = {p, p + w13, p + w13 + s13, p + 2 * w13 + s13, p + 2 * (w13 + s13), p + 2 * (w13 + s13) + w2};
+    fill(p + w13, s13, 12 + e, 2, 118), fill(p + 2 * w13 + s13, s13, 13 + e, 2, 118), fill(p + 2 * (w13 + s13) + w2, s2, 14 + e, 2, 118);
+  }
+  cudalin::DevExpert* dex;
+  ok(cudaMalloc(&dex, ex.size() * sizeof(ex[0])), "malloc"), ok(cudaMemcpy(dex, ex.data(), ex.size() * sizeof(ex[0]), cudaMemcpyHostToDevice), "ex");
+  uint16_t* x;
+  float *w, *out;
+  ok(cudaMalloc(&x, 64 * sh.hidden * 2), "malloc"), ok(cudaMalloc(&w, 64 * 6 * 4), "malloc"), ok(cudaMalloc(&out, 64 * sh.hidden * 4), "malloc");
+  std::vector<uint16_t> hx(64 * sh.hidden, 0x3F80);  // 1.0
+  std::mt19937 rng(3);
+  for (auto& v : hx) v = uint16_t(0x3F00 + (rng() & 0xFF)) ^ uint16_t((rng() & 1) << 15);
+  ok(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "x");
+  std::vector<float> hw(64 * 6, 0.25f);
+  ok(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice), "w");
+  cudalin::MoeWorkspace ws = cudalin::moe_workspace_create(sh, 64);
+  const int R = 16;  // routing tables rotated so the experts' 3.4 GB, not L2, is what is read
+  int32_t* idx;
+  ok(cudaMalloc(&idx, size_t(R) * 64 * 6 * 4), "malloc");
+  for (int mode = 0; mode < 2; ++mode)
+    for (int T : {1, 4, 16, 64}) {
+      if (mode == 1 && T == 1) continue;
+      std::vector<int32_t> h(size_t(R) * T * 6);
+      double uniq = 0;
+      for (int r = 0; r < R; ++r) {
+        std::set<int> u;
+        std::vector<int> shared(6);
+        for (int k = 0; k < 6; ++k) shared[k] = (r * 37 + k * 41) % 256;
+        for (int t = 0; t < T; ++t) {
+          std::vector<int> perm(256);
+          for (int e = 0; e < 256; ++e) perm[e] = e;
+          std::shuffle(perm.begin(), perm.end(), rng);
+          for (int k = 0; k < 6; ++k) h[(size_t(r) * T + t) * 6 + k] = mode == 0 ? perm[k] : shared[k], u.insert(h[(size_t(r) * T + t) * 6 + k]);
+        }
+        uniq += double(u.size()) / R;
+      }
+      ok(cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "idx");
+      Timer t;
+      const double us = t.median_us(quick ? 5 : 15, R, [&](int i) {
+        cudalin::moe_decode(sh, dex, x, idx + size_t(i) * T * 6, w, T, out, false, ws, nullptr);
+      });
+      const double bytes = uniq * per + T * sh.hidden * 2.0 + T * sh.hidden * 4.0;
+      char name[128];
+      std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)", T, mode == 0 ? "random top-6" : "same 6 experts", uniq);
+      rows_out.push_back({name, us, bytes, bytes / g_copy_bw * 1e6, 0, ""});
+      std::printf("%s: %.2f us (%.0f GB/s)\n", name, us, bytes / us * 1e-3);
+    }
+  ok(cudaDeviceSynchronize(), "moe bench");
+  cudalin::moe_workspace_destroy(ws);
+  cudaFree(base), cudaFree(dex), cudaFree(x), cudaFree(w), cudaFree(out), cudaFree(idx);
+}
+
+void bench_prefill(bool fp4, int64_t M, int64_t N, int64_t K) {
+  const size_t wbytes = fp4 ? N * K / 2 : N * K, sbytes = fp4 ? N * K / 32 : ((N + 127) / 128) * ((K + 127) / 128);
+  uint8_t *w, *s;
+  uint16_t *wb, *x;
+  float* y;
+  ok(cudaMalloc(&w, wbytes), "m"), ok(cudaMalloc(&s, sbytes), "m"), ok(cudaMalloc(&wb, N * K * 2), "m");
+  ok(cudaMalloc(&x, M * K * 2), "m"), ok(cudaMalloc(&y, M * N * 4), "m");
+  fill(w, wbytes, 21, fp4 ? 0 : 1), fill(s, sbytes, 22, 2, 118);
+  cudalin::DevWeight d{fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w, s, false};
+  cudalin::dequant_to_bf16(d, wb, nullptr);
+  std::vector<uint16_t> hx(M * K);
+  std::mt19937 rng(1);
+  for (auto& v : hx) v = uint16_t(0x3F00 + (rng() & 0xFF)) ^ uint16_t((rng() & 1) << 15);
+  ok(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "x");
+  Timer t;
+  const double deq = t.median_us(10, 5, [&](int) { cudalin::dequant_to_bf16(d, wb, nullptr); });
+  const double gemm = t.median_us(10, 5, [&](int) { cudalin::gemm_bf16(x, M, wb, N, K, y, nullptr); });
+  const double flops = 2.0 * M * N * K;
+  char name[160];
+  std::snprintf(name, sizeof name, "prefill %s M=%lld [%lld x %lld]: dequant+bf16 GEMM = %.0f TFLOP/s", fp4 ? "MXFP4" : "FP8",
+                (long long)M, (long long)N, (long long)K, flops / (deq + gemm) * 1e-6);
+  rows_out.push_back({name, deq + gemm, double(wbytes + sbytes) + 2.0 * M * K + 4.0 * M * N,
+                      (double(wbytes + sbytes) + 2.0 * M * K + 4.0 * M * N) / g_copy_bw * 1e6, gemm, "cuBLAS bf16 GEMM alone"});
+  std::printf("%s (dequant %.1f us, GEMM %.1f us = %.0f TFLOP/s)\n", name, deq, gemm, flops / gemm * 1e-6);
+  ok(cudaDeviceSynchronize(), "prefill bench");
+  cudaFree(w), cudaFree(s), cudaFree(wb), cudaFree(x), cudaFree(y);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  cudaDeviceProp p;
+  ok(cudaGetDeviceProperties(&p, 0), "props");
+  std::printf("device: %s, %d SMs, L2 %d MB\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20);
+  try {
+    bench_copy();
+    const std::vector<int> Ts = {1, 4, 16, 64};
+    bench_gemv(false, 4096, 4096, Ts, quick);
+    bench_gemv(false, 1024, 4096, Ts, quick);   // wq_a
+    bench_gemv(false, 4096, 8192, {1, 16}, quick);  // wo_b
+    bench_gemv(false, 32768, 1024, {1, 16}, quick);  // wq_b
+    bench_gemv(true, 2048, 4096, Ts, quick);    // expert w1 / w3
+    bench_gemv(true, 4096, 2048, Ts, quick);    // expert w2
+    // Sweep of the chunks-per-warp knob at batch 1 (the heuristic's choice is the 'auto' row above).
+    for (int cpw : {1, 2, 4}) {
+      cudalin::set_gemv_chunks_per_warp(cpw);
+      const size_t before = rows_out.size();
+      bench_gemv(false, 4096, 4096, {1}, true);
+      bench_gemv(true, 2048, 4096, {1}, true);
+      bench_gemv(true, 4096, 2048, {1}, true);
+      for (size_t i = before; i < rows_out.size(); ++i) rows_out[i].what += " cpw=" + std::to_string(cpw);
+    }
+    cudalin::set_gemv_chunks_per_warp(0);
+    bench_moe(quick);
+    bench_prefill(false, 4096, 4096, 4096);
+    bench_prefill(false, 8192, 4096, 8192);
+    bench_prefill(true, 4096, 2048, 4096);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench failed: %s\n", e.what());
+    print_rows();
+    return 1;
+  }
+  print_rows();
+  return 0;
+}

@@ -1,0 +1,166 @@
+// Decode-shaped GEMM (1..64 activation rows) streaming FP8 block-scaled or MXFP4 weights. See warp_tile.cuh
+// for the per-warp work and docs/GEMM_MOE.md for the measured bandwidth.
+//
+// Grid: x = 16-row tiles, y = split of K across blocks; each block's warps split its K range further.
+// Partial sums are reduced in shared memory (fixed warp order), then, when K is split across blocks, the
+// last block of a row tile to finish adds the partials in fixed block order: the result is deterministic.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/linear/device_check.h"
+#include "backend/cuda/linear/linear_cuda.h"
+#include "backend/cuda/linear/warp_tile.cuh"
+#include "core/error.h"
+
+namespace dsv4::cudalin {
+namespace {
+
+struct GemvArgs {
+  const uint8_t* w;
+  const uint8_t* s;
+  bool sf32;
+  int64_t N, K;
+  const uint16_t* x;
+  int64_t ldx;
+  int T;
+  float* y;
+  int64_t ldy;
+  float* partial;
+  int* counters;
+  int gy;
+};
+
+template <bool FP4, int NT, int CPW>
+__global__ void __launch_bounds__(256) gemv_kernel(GemvArgs a) {
+  __shared__ float red[8][128];
+  __shared__ int last;
+  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = int64_t(blockIdx.x) * 16;
+  const int C = static_cast<int>(a.K / 128);
+  const int c0 = (blockIdx.y * nwarps + warp) * CPW;
+  const int nt_valid = (a.T + 7) / 8;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int tok = nt * 8 + g;
+    xr[nt] = tok < a.T ? a.x + tok * a.ldx + t * 32 : nullptr;
+  }
+  float acc[1][NT][4] = {};
+  const uint8_t* const W[1] = {a.w};
+  const uint8_t* const S[1] = {a.s};
+  if constexpr (FP4) dev::fp4_warp<NT, CPW, 1>(W, S, a.K, row0, c0, C, nt_valid, xr, acc);
+  else dev::fp8_warp<NT, CPW, 1>(W, S, a.sf32, a.K, row0, c0, C, nt_valid, xr, acc);
+
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (nt >= nt_valid) break;
+    dev::stash_frag(red[warp], acc[0][nt]);
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      const int r = threadIdx.x >> 3, c = threadIdx.x & 7, tok = nt * 8 + c;
+      float v = 0.f;
+      for (int w = 0; w < nwarps; ++w) v += red[w][threadIdx.x];
+      if (tok < a.T) {
+        if (a.gy == 1) a.y[tok * a.ldy + row0 + r] = v;
+        else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + row0 + r] = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (a.gy == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1) == a.gy - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < 16 * a.T; i += blockDim.x) {
+    const int r = i & 15, tok = i >> 4;
+    float v = 0.f;
+    for (int by = 0; by < a.gy; ++by) v += __ldcg(&a.partial[(int64_t(by) * a.T + tok) * a.N + row0 + r]);
+    a.y[tok * a.ldy + row0 + r] = v;
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
+template <bool FP4, int NT>
+void launch_nt(int cpw, dim3 grid, int threads, const GemvArgs& a, cudaStream_t s) {
+  switch (cpw) {
+    case 1: gemv_kernel<FP4, NT, 1><<<grid, threads, 0, s>>>(a); break;
+    case 2: gemv_kernel<FP4, NT, 2><<<grid, threads, 0, s>>>(a); break;
+    default: gemv_kernel<FP4, NT, 4><<<grid, threads, 0, s>>>(a); break;
+  }
+}
+
+template <bool FP4>
+void launch(int T, int cpw, dim3 grid, int threads, const GemvArgs& a, cudaStream_t s) {
+  if (T <= 8) launch_nt<FP4, 1>(cpw, grid, threads, a, s);
+  else if (T <= 16) launch_nt<FP4, 2>(cpw, grid, threads, a, s);
+  else if (T <= 32) launch_nt<FP4, 4>(cpw, grid, threads, a, s);
+  else launch_nt<FP4, 8>(cpw, grid, threads, a, s);
+}
+
+__global__ void cast_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+}  // namespace
+
+static int g_force_cpw = 0;
+void set_gemv_chunks_per_warp(int cpw) { g_force_cpw = cpw; }
+
+Workspace workspace_create(size_t partial_floats, int n_counters) {
+  Workspace ws;
+  check_cuda(cudaMalloc(&ws.partial, partial_floats * sizeof(float)), "workspace_create");
+  check_cuda(cudaMalloc(&ws.counters, size_t(n_counters) * sizeof(int)), "workspace_create");
+  check_cuda(cudaMemset(ws.counters, 0, size_t(n_counters) * sizeof(int)), "workspace_create");
+  ws.partial_floats = partial_floats;
+  ws.n_counters = n_counters;
+  return ws;
+}
+
+void workspace_destroy(Workspace& ws) {
+  cudaFree(ws.partial);
+  cudaFree(ws.counters);
+  ws = Workspace{};
+}
+
+void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
+          cudaStream_t stream) {
+  require_supported_device();
+  const bool fp4 = w.fmt == WeightFormat::kFP4;
+  if (!fp4 && w.fmt != WeightFormat::kFP8Block)
+    throw Error(str_cat("cuda gemv: weight [", w.rows, ", ", w.cols, "] is BF16; only FP8 and MXFP4 are supported"));
+  if (w.rows <= 0 || w.rows % 16 != 0 || w.cols <= 0 || w.cols % 128 != 0)
+    throw Error(str_cat("cuda gemv: weight shape [", w.rows, ", ", w.cols,
+                        "] unsupported (rows must be a multiple of 16, cols of 128)"));
+  if (T < 1 || T > 64) throw Error(str_cat("cuda gemv: ", T, " activation rows unsupported (1..64; use the prefill GEMM)"));
+  if (ldx % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    throw Error(str_cat("cuda gemv: activations must be 16-byte aligned with a row stride multiple of 8 (ldx ", ldx, ")"));
+  const int C = static_cast<int>(w.cols / 128), tiles = static_cast<int>(w.rows / 16);
+  // As many K chunks per warp (bytes in flight per load round) as still leave ~6 warps per SM; measured on
+  // the H200 (docs/GEMM_MOE.md, cpw sweep): 4 chunks beat 1-2 at batch 1 for 4096x4096 FP8 and 2048x4096 MXFP4.
+  const int target = device_info().sm_count * 6;
+  int cpw = 4;
+  while (cpw > 1 && int64_t(tiles) * ((C + cpw - 1) / cpw) < target) cpw /= 2;
+  if (g_force_cpw == 1 || g_force_cpw == 2 || g_force_cpw == 4) cpw = g_force_cpw;
+  const int groups = (C + cpw - 1) / cpw, wb = std::min(8, groups), gy = (groups + wb - 1) / wb;
+  GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy};
+  if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
+    throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
+  const dim3 grid(tiles, gy);
+  if (fp4) launch<true>(T, cpw, grid, wb * 32, a, stream);
+  else launch<false>(T, cpw, grid, wb * 32, a, stream);
+  check_cuda(cudaGetLastError(), "gemv launch");
+}
+
+void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  cast_kernel<<<std::max(blocks, 1), 256, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  check_cuda(cudaGetLastError(), "cast_f32_to_bf16 launch");
+}
+
+}  // namespace dsv4::cudalin

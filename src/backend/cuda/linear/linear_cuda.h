@@ -1,0 +1,94 @@
+// GPU GEMMs for the official DeepSeek-V4 weight formats (issue #5, kernels part). Host API only: this
+// header compiles with the plain C++ compiler; every function launches on the given stream and returns.
+//
+// Numerics (docs/GEMM_MOE.md derives the error bounds):
+//   * activations enter as bf16, accumulation is fp32 on the tensor cores (mma.sync m16n8k16 bf16);
+//   * weights are dequantized EXACTLY to bf16 in registers (every e4m3 and every e2m1·2^e value is a bf16
+//     value), so the only rounding versus the CPU reference (fp32 activations) is the bf16 rounding of the
+//     activations and the fp32 summation order;
+//   * FP8 128x128 tile scales (UE8M0 or f32) are applied in fp32 to each 128-wide K partial sum;
+//     MXFP4 per-32 UE8M0 scales are folded into the bf16 weights (exact).
+// We do not quantize activations to FP8 (the DeepSeek reference does): that would add a 2^-4 relative
+// rounding per activation, ~60x the bf16 one, and make GPU and CPU paths diverge.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/weights.h"
+
+namespace dsv4::cudalin {
+
+// A weight in device memory, laid out exactly as in the checkpoint (see LinearWeight).
+struct DevWeight {
+  WeightFormat fmt = WeightFormat::kFP8Block;
+  int64_t rows = 0, cols = 0;       // [out, in]
+  const uint8_t* w = nullptr;       // e4m3 [rows, cols] | packed e2m1 [rows, cols/2]
+  const uint8_t* scale = nullptr;   // FP8: [ceil(rows/128), ceil(cols/128)] (u8 or f32); FP4: u8 [rows, cols/32]
+  bool scale_is_f32 = false;
+};
+
+// Scratch for the split-K reduction of the decode GEMV (partial sums and per-row-tile arrival counters,
+// which the kernels leave at zero). One per stream.
+struct Workspace {
+  float* partial = nullptr;
+  size_t partial_floats = 0;
+  int* counters = nullptr;
+  int n_counters = 0;
+};
+Workspace workspace_create(size_t partial_floats = size_t(16) << 20, int n_counters = 1 << 16);
+void workspace_destroy(Workspace& ws);
+
+// Fails (dsv4::Error naming the device) unless the current device is sm_90, sm_120 or sm_121: the kernels
+// here are built ahead of time for exactly those.
+void require_supported_device();
+
+// Decode-shaped GEMM: y[t, r] = sum_k x[t, k] * W[r, k] for t < T (1..64), every r < w.rows.
+// x: bf16 [T, w.cols] (row stride ldx elements), y: fp32 (row stride ldy). FP8 or MXFP4 weights; rows a
+// multiple of 16, cols a multiple of 128 (other shapes fail with a message naming the shape).
+void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
+          cudaStream_t stream);
+
+// Benchmark knob: force the K chunks (of 128) each warp streams (1, 2 or 4); 0 restores the heuristic.
+void set_gemv_chunks_per_warp(int cpw);
+
+// y[i] = bf16(x[i]) (round to nearest even).
+void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+
+// ---------------------------------------------------------------- MoE decode (MXFP4 routed experts)
+// Device array of these, one per expert: w1, w3 [inter, hidden], w2 [hidden, inter], packed e2m1 + scales.
+struct DevExpert {
+  const uint8_t *w1, *s1, *w3, *s3, *w2, *s2;
+};
+
+struct MoeShape {
+  int hidden = 4096, inter = 2048, n_experts = 256, top_k = 6;
+  float swiglu_limit = 10.0f;  // 0 = no clamp
+};
+
+// Scratch sized for T tokens (T <= 64).
+struct MoeWorkspace {
+  int max_tokens = 0;
+  int* meta = nullptr;       // n_active, active expert ids, offsets, pair lists
+  uint16_t* h = nullptr;     // bf16 [T*top_k, inter], grouped by expert
+  float* ybuf = nullptr;     // fp32 [T*top_k, hidden], indexed by pair t*top_k+k
+};
+MoeWorkspace moe_workspace_create(const MoeShape& s, int max_tokens);
+void moe_workspace_destroy(MoeWorkspace& ws);
+
+// out[t] (+)= sum_k expert_{idx[t,k]}(x[t]) with routing weight w[t,k] applied before w2 (spec 2.5):
+//   h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * w[t,k];  y = w2 h.
+// x: bf16 [T, hidden]; idx: int32 [T, top_k]; weights: fp32 [T, top_k]; out: fp32 [T, hidden]
+// (overwritten, or accumulated into when `accumulate`). Experts with no token cost nothing.
+void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
+                const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream);
+
+// ---------------------------------------------------------------- prefill
+// Prefill-shaped GEMM through cuBLAS: W dequantized to bf16 into `wbuf` (rows*cols bf16, caller-owned),
+// then y[M, rows] (fp32) = x[M, cols] (bf16) · Wᵀ with a bf16 cuBLAS GEMM, fp32 accumulation.
+void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream);
+void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
+               cudaStream_t stream);
+
+}  // namespace dsv4::cudalin

@@ -1,0 +1,109 @@
+// Prefill-shaped GEMMs: dequantize the FP8 / MXFP4 weight to bf16 (exact, see frag.cuh) and run cuBLAS's
+// bf16 GEMM with fp32 accumulation. The dequantization reads 1 (FP8) or 0.53 (MXFP4) and writes 2 bytes per
+// weight; at prefill sizes that is a few percent of the GEMM (docs/GEMM_MOE.md measures both).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/linear/device_check.h"
+#include "backend/cuda/linear/frag.cuh"
+#include "backend/cuda/linear/linear_cuda.h"
+#include "core/error.h"
+
+namespace dsv4::cudalin {
+namespace {
+
+// Each thread: 16 consecutive weights of one row (cols % 128 == 0 keeps them in one scale block).
+__global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, bool sf32, int64_t rows, int64_t cols,
+                                   uint16_t* out) {
+  const int64_t n16 = rows * cols / 16;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = (i * 16) / cols, k = (i * 16) % cols;
+    const int64_t si = (r / 128) * (cols / 128) + k / 128;
+    const float sc = sf32 ? reinterpret_cast<const float*>(s)[si] : dev::e8m0_f32(s[si]);
+    const uint4 v = *reinterpret_cast<const uint4*>(w + i * 16);
+    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // e4m3_02/_13 give bytes (0,2) and (1,3); unpack to natural order, scale in fp32 (exact), round to bf16.
+      const uint32_t p02 = dev::e4m3_02(wd[q]), p13 = dev::e4m3_13(wd[q]);
+      const uint32_t pr[2] = {dev::prmt(p02, p13, 0x5410), dev::prmt(p02, p13, 0x7632)};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float lo = __uint_as_float(pr[h] << 16) * sc, hi = __uint_as_float(pr[h] & 0xFFFF0000u) * sc;
+        const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+        o[2 * q + h] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out + i * 16);
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
+__global__ void dequant_fp4_kernel(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols, uint16_t* out) {
+  const int64_t n16 = rows * cols / 16;  // 16 weights = 8 bytes
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = (i * 16) / cols, k = (i * 16) % cols;
+    const float sc = dev::e8m0_f32(s[r * (cols / 32) + k / 32]);
+    const uint2 v = *reinterpret_cast<const uint2*>(w + i * 8);
+    const uint32_t wd[2] = {v.x, v.y};
+    uint32_t o[8];
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t byte = (wd[q] >> (8 * b)) & 0xFFu;
+        const float lo = __uint_as_float(dev::e2m1_pair<0>(byte) << 16) * 0x1p126f * sc;         // nibble 0
+        const float hi = __uint_as_float(dev::e2m1_pair<1>(byte) << 16) * 0x1p126f * sc;         // nibble 1
+        const __nv_bfloat162 bb = __floats2bfloat162_rn(lo, hi);
+        o[4 * q + b] = *reinterpret_cast<const uint32_t*>(&bb);
+      }
+    uint4* dst = reinterpret_cast<uint4*>(out + i * 16);
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
+cublasHandle_t handle() {
+  static thread_local cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
+    return x;
+  }();
+  return h;
+}
+
+}  // namespace
+
+void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream) {
+  require_supported_device();
+  if (w.rows <= 0 || w.cols <= 0 || w.cols % 128 != 0)
+    throw Error(str_cat("cuda dequant_to_bf16: weight shape [", w.rows, ", ", w.cols, "] unsupported (cols multiple of 128)"));
+  const int64_t n16 = w.rows * w.cols / 16;
+  const int blocks = static_cast<int>(std::min<int64_t>((n16 + 255) / 256, 65536));
+  if (w.fmt == WeightFormat::kFP8Block) dequant_fp8_kernel<<<blocks, 256, 0, stream>>>(w.w, w.scale, w.scale_is_f32, w.rows, w.cols, out);
+  else if (w.fmt == WeightFormat::kFP4) dequant_fp4_kernel<<<blocks, 256, 0, stream>>>(w.w, w.scale, w.rows, w.cols, out);
+  else throw Error(str_cat("cuda dequant_to_bf16: weight [", w.rows, ", ", w.cols, "] is already BF16"));
+  check_cuda(cudaGetLastError(), "dequant_to_bf16 launch");
+}
+
+void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
+               cudaStream_t stream) {
+  // Row-major y[M, rows] = x[M, cols] · W[rows, cols]ᵀ is, column-major, Y(rows x M) = Wᵀ... i.e.
+  // op(A) = W (A = W stored col-major cols x rows, transposed) and B = x (cols x M).
+  const float alpha = 1.f, beta = 0.f;
+  cublasHandle_t h = handle();
+  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS) throw Error("cublasSetStream failed");
+  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
+                                         static_cast<int>(cols), &alpha, wbf16, CUDA_R_16BF, static_cast<int>(cols), x,
+                                         CUDA_R_16BF, static_cast<int>(cols), &beta, y, CUDA_R_32F,
+                                         static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(str_cat("cuda gemm_bf16: cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
+                        cols, "]"));
+}
+
+}  // namespace dsv4::cudalin

@@ -1,0 +1,291 @@
+// mHC (spec dsv4-model.md 2.3, 2.6; reference cpu::hc_pre / hc_post / hc_head / sinkhorn).
+//
+// hc_pre / hc_head: mixes = (X · fnᵀ) · rsqrt(mean(X²) + eps) is a skinny GEMM [T, 4D] x [4D, M] (M = 24 or 4)
+// plus the sum of squares; it runs as split-K on CUDA cores in fp32 (the reference is fp32; TF32 tensor cores
+// would move mixes by ~1e-3):
+//   1. hc_mix_kernel: CTA = 32 tokens x one K range (256 threads, 8 warps). K is walked in chunks of 128: the
+//      chunk of h [32 tok][128] and of fn [M][128] is staged in shared memory (the next chunk is prefetched into
+//      registers while the current one is used). Lane = token, warp = 16 of the 128 k: each lane reads its
+//      token's h as float4 (row stride 132 floats: conflict-free) and fn as float4 broadcasts, 4 FMAs per shared
+//      load. Warps are then summed through shared memory in a fixed order and the CTA writes M+1 partials
+//      (mixes, sum of squares) per token to the workspace [KS][T][M+1].
+//   2. hc_finish_kernel: CTA = (token, 1024-wide slice of D): sums the KS partials in order, applies the norm,
+//      sigmoids and (hc_pre, slice 0 only writes them) Sinkhorn in fp32 on 16 lanes, then x = Σ_j pre_j h_j.
+//      This re-reads h; for batches up to ~300 tokens (h <= ~35 MB) that read hits L2.
+// hc_post: pure streaming, one float4 of D per thread for all 4 output streams.
+#include <algorithm>
+
+#include "backend/cuda/kernels_compressor_mhc.h"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kN = 4;             // hc_mult
+constexpr int kTok = 32;          // tokens per CTA (one per lane)
+constexpr int kKc = 128;          // k per chunk
+constexpr int kThreads = 256;     // 8 warps x 16 k
+constexpr int kHStride = kKc + 4; // floats per staged token row
+constexpr int kMaxMix = (2 + kN) * kN;  // 24
+
+int split_k(int n_tokens, int64_t dim) {
+  const int tiles = (n_tokens + kTok - 1) / kTok;
+  const int chunks = static_cast<int>(kN * dim / kKc);
+  const int want = (2 * device_config().sm_count + tiles - 1) / tiles;
+  return std::max(1, std::min(want, chunks / 4));  // >= 4 chunks per CTA: fewer partials to sum
+}
+
+template <int M>
+__global__ void __launch_bounds__(kThreads) hc_mix_kernel(const float* __restrict__ h, const float* __restrict__ fn,
+                                                          int n_tokens, int64_t K, int ks_count,
+                                                          float* __restrict__ ws) {
+  // Staging (sh + sf) and the final cross-warp reduction share one buffer.
+  constexpr int kStage = kTok * kHStride + M * kKc;
+  constexpr int kRed = 8 * (M + 1) * kTok;
+  __shared__ __align__(16) float smem[kStage > kRed ? kStage : kRed];
+  float* sh = smem;                    // [32][132]
+  float* sf = smem + kTok * kHStride;  // [M][128]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int t0 = blockIdx.x * kTok;
+  const int64_t n_chunks = K / kKc;
+  const int64_t c_begin = n_chunks * blockIdx.y / ks_count, c_end = n_chunks * (blockIdx.y + 1) / ks_count;
+
+  constexpr int kHLoads = kTok * kKc / 4 / kThreads;            // 4 float4 per thread
+  constexpr int kFLoads = (M * kKc / 4 + kThreads - 1) / kThreads;  // 3 (M=24) or 1 (M=4)
+  float4 ph[kHLoads], pf[kFLoads];
+  auto prefetch = [&](int64_t chunk) {
+    const int64_t k0 = chunk * kKc;
+#pragma unroll
+    for (int q = 0; q < kHLoads; ++q) {
+      const int i = tid + q * kThreads, tok = i / (kKc / 4), k4 = i % (kKc / 4);
+      ph[q] = t0 + tok < n_tokens ? __ldg(reinterpret_cast<const float4*>(h + (t0 + tok) * K + k0) + k4)
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int q = 0; q < kFLoads; ++q) {
+      const int i = tid + q * kThreads, m = i / (kKc / 4), k4 = i % (kKc / 4);
+      pf[q] = m < M ? __ldg(reinterpret_cast<const float4*>(fn + m * K + k0) + k4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  auto stage = [&]() {
+#pragma unroll
+    for (int q = 0; q < kHLoads; ++q) {
+      const int i = tid + q * kThreads, tok = i / (kKc / 4), k4 = i % (kKc / 4);
+      reinterpret_cast<float4*>(sh + tok * kHStride)[k4] = ph[q];
+    }
+#pragma unroll
+    for (int q = 0; q < kFLoads; ++q) {
+      const int i = tid + q * kThreads, m = i / (kKc / 4), k4 = i % (kKc / 4);
+      if (m < M) reinterpret_cast<float4*>(sf + m * kKc)[k4] = pf[q];
+    }
+  };
+
+  float acc[M], ss = 0.f;
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  if (c_begin < c_end) prefetch(c_begin);
+  for (int64_t chunk = c_begin; chunk < c_end; ++chunk) {
+    __syncthreads();  // previous chunk consumed
+    stage();
+    __syncthreads();
+    if (chunk + 1 < c_end) prefetch(chunk + 1);
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int k4 = warp * 4 + g;
+      const float4 hv = reinterpret_cast<const float4*>(sh + lane * kHStride)[k4];
+      ss += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4 f = reinterpret_cast<const float4*>(sf + m * kKc)[k4];
+        acc[m] += hv.x * f.x + hv.y * f.y + hv.z * f.z + hv.w * f.w;
+      }
+    }
+  }
+  __syncthreads();
+  float* red = smem;  // [8 warps][M+1][32 tokens]
+#pragma unroll
+  for (int m = 0; m < M; ++m) red[(warp * (M + 1) + m) * kTok + lane] = acc[m];
+  red[(warp * (M + 1) + M) * kTok + lane] = ss;
+  __syncthreads();
+  for (int i = tid; i < (M + 1) * kTok; i += kThreads) {
+    const int m = i / kTok, tok = i % kTok;
+    float s = 0.f;
+    for (int w = 0; w < 8; ++w) s += red[(w * (M + 1) + m) * kTok + tok];
+    if (t0 + tok < n_tokens) ws[(static_cast<int64_t>(blockIdx.y) * n_tokens + t0 + tok) * (M + 1) + m] = s;
+  }
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Sinkhorn of one 4x4 matrix held by 16 consecutive lanes (lane l holds c[l/4][l%4]); every lane of the warp
+// must call it. The steps are cpu::sinkhorn's; only the 4-term sums are pairwise (butterfly shuffles) instead of
+// sequential, so results differ from the CPU in the last bits. 40 dependent divisions instead of 640 serial
+// ones in one thread.
+__device__ __forceinline__ float sinkhorn_lane(float c, int iters, float eps) {
+  constexpr unsigned kAll = 0xffffffffu;
+  float mx = fmaxf(c, __shfl_xor_sync(kAll, c, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 2));
+  const float e = expf(c - mx);
+  float s = e + __shfl_xor_sync(kAll, e, 1);
+  s += __shfl_xor_sync(kAll, s, 2);
+  c = e / s + eps;
+  auto col = [&] {
+    float t = c + __shfl_xor_sync(kAll, c, 4);
+    t += __shfl_xor_sync(kAll, t, 8);
+    c /= (t + eps);
+  };
+  auto row = [&] {
+    float t = c + __shfl_xor_sync(kAll, c, 1);
+    t += __shfl_xor_sync(kAll, t, 2);
+    c /= (t + eps);
+  };
+  col();
+  for (int it = 0; it < iters - 1; ++it) {
+    row();
+    col();
+  }
+  return c;
+}
+
+constexpr int kFinThreads = 256;  // one float4 of D each: 1024 floats per CTA
+
+template <int M>
+__global__ void __launch_bounds__(kFinThreads) hc_finish_kernel(HcArgs a, int ks_count) {
+  __shared__ float mix[M + 1];
+  __shared__ float pre[kN];
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const int64_t D = a.dim, K = kN * D;
+  const float* ws = static_cast<const float*>(a.workspace);
+  if (tid <= M) {
+    float s = 0.f;
+    for (int ks = 0; ks < ks_count; ++ks) s += ws[(static_cast<int64_t>(ks) * a.n_tokens + t) * (M + 1) + tid];
+    mix[tid] = s;
+  }
+  __syncthreads();
+  const float r = 1.0f / sqrtf(mix[M] / static_cast<float>(K) + a.norm_eps);
+  if (tid < kN) pre[tid] = sigmoidf(mix[tid] * r * a.scale[0] + a.base[tid]) + a.hc_eps;
+  if constexpr (M == kMaxMix) {
+    if (blockIdx.y == 0 && tid < 32) {
+      if (tid < kN) a.post[t * kN + tid] = 2.0f * sigmoidf(mix[kN + tid] * r * a.scale[1] + a.base[kN + tid]);
+      const int l = tid & 15;
+      const float c = sinkhorn_lane(mix[2 * kN + l] * r * a.scale[2] + a.base[2 * kN + l], a.sinkhorn_iters, a.hc_eps);
+      if (tid < 16) a.comb[t * kN * kN + l] = c;
+    }
+  }
+  __syncthreads();
+  const int64_t d4 = static_cast<int64_t>(blockIdx.y) * kFinThreads + tid;
+  if (d4 * 4 >= D) return;
+  const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const float4 v = __ldg(h + j * (D / 4) + d4);
+    const float p = pre[j];
+    s.x += p * v.x; s.y += p * v.y; s.z += p * v.z; s.w += p * v.w;
+  }
+  reinterpret_cast<float4*>(a.x + t * D)[d4] = s;
+}
+
+__global__ void __launch_bounds__(256) hc_post_kernel(int n_tokens, int64_t D, const float* __restrict__ y,
+                                                      const float* __restrict__ res, const float* __restrict__ post,
+                                                      const float* __restrict__ comb, float* __restrict__ out) {
+  const int t = blockIdx.y;
+  const int64_t d4 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d4 * 4 >= D) return;
+  const int64_t D4 = D / 4;
+  float p[kN], c[kN * kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k) p[k] = __ldg(post + t * kN + k);
+#pragma unroll
+  for (int m = 0; m < kN * kN; ++m) c[m] = __ldg(comb + t * kN * kN + m);
+  const float4 yv = __ldg(reinterpret_cast<const float4*>(y + t * D) + d4);
+  float4 r[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) r[j] = __ldg(reinterpret_cast<const float4*>(res + t * kN * D) + j * D4 + d4);
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    float4 s = make_float4(p[k] * yv.x, p[k] * yv.y, p[k] * yv.z, p[k] * yv.w);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const float w = c[j * kN + k];
+      s.x += w * r[j].x; s.y += w * r[j].y; s.z += w * r[j].z; s.w += w * r[j].w;
+    }
+    reinterpret_cast<float4*>(out + t * kN * D)[k * D4 + d4] = s;
+  }
+}
+
+__global__ void hc_sinkhorn_kernel(const float* logits, float* comb, int n_mats, int iters, float eps) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;  // matrix
+  const int l = threadIdx.x & 15;
+  const float x = i < n_mats ? logits[i * 16 + l] : 0.f;  // every lane joins the shuffles
+  const float c = sinkhorn_lane(x, iters, eps);
+  if (i < n_mats) comb[i * 16 + l] = c;
+}
+
+void validate(const HcArgs& a, const char* who, bool pre) {
+  device_config();
+  if (a.n != kN) fail("cuda::", who, ": hc_mult=", a.n, " unsupported (only 4)");
+  if (a.dim < 32 || a.dim > 7168 || a.dim % 32)
+    fail("cuda::", who, ": dim=", a.dim, " unsupported (a multiple of 32 in 32..7168)");
+  if (a.n_tokens < 0 || a.n_tokens > 2147483647 / 64) fail("cuda::", who, ": n_tokens=", a.n_tokens, " out of range");
+  if (!a.h || !a.fn || !a.base || !a.scale || !a.x || !a.workspace || (pre && (!a.post || !a.comb)))
+    fail("cuda::", who, ": a required pointer is null");
+  if (reinterpret_cast<uintptr_t>(a.h) % 16 || reinterpret_cast<uintptr_t>(a.fn) % 16 ||
+      reinterpret_cast<uintptr_t>(a.x) % 16)
+    fail("cuda::", who, ": h, fn and x must be 16-byte aligned");
+  if (pre && a.sinkhorn_iters < 1) fail("cuda::", who, ": sinkhorn_iters=", a.sinkhorn_iters, " must be >= 1");
+}
+
+template <int M>
+void run_hc(const HcArgs& a, cudaStream_t stream) {
+  if (a.n_tokens == 0) return;
+  const int ks = split_k(a.n_tokens, a.dim);
+  dim3 g1((a.n_tokens + kTok - 1) / kTok, ks);
+  hc_mix_kernel<M><<<g1, kThreads, 0, stream>>>(a.h, a.fn, a.n_tokens, kN * a.dim, ks,
+                                                 static_cast<float*>(a.workspace));
+  check(cudaGetLastError(), "hc_mix_kernel launch");
+  dim3 g2(a.n_tokens, static_cast<unsigned>((a.dim / 4 + kFinThreads - 1) / kFinThreads));
+  hc_finish_kernel<M><<<g2, kFinThreads, 0, stream>>>(a, ks);
+  check(cudaGetLastError(), "hc_finish_kernel launch");
+}
+
+}  // namespace
+
+size_t hc_workspace_bytes(int n_tokens, int64_t dim) {
+  if (n_tokens <= 0 || dim < 32) return 16;
+  return static_cast<size_t>(split_k(n_tokens, dim)) * n_tokens * (kMaxMix + 1) * sizeof(float);
+}
+
+void hc_pre(const HcArgs& a, cudaStream_t stream) {
+  validate(a, "hc_pre", true);
+  run_hc<kMaxMix>(a, stream);
+}
+
+void hc_head(const HcArgs& a, cudaStream_t stream) {
+  validate(a, "hc_head", false);
+  run_hc<kN>(a, stream);
+}
+
+void hc_post(int n_tokens, int64_t dim, int n, const float* y, const float* res, const float* post, const float* comb,
+             float* out, cudaStream_t stream) {
+  device_config();
+  if (n != kN) fail("cuda::hc_post: hc_mult=", n, " unsupported (only 4)");
+  if (dim <= 0 || dim % 4) fail("cuda::hc_post: dim=", dim, " unsupported (a positive multiple of 4)");
+  if (n_tokens < 0 || n_tokens > 65535) fail("cuda::hc_post: n_tokens=", n_tokens, " outside 0..65535");
+  if (n_tokens == 0) return;
+  if (!y || !res || !post || !comb || !out) fail("cuda::hc_post: a required pointer is null");
+  if (out == res) fail("cuda::hc_post: out must not alias res");
+  dim3 g(static_cast<unsigned>((dim / 4 + 255) / 256), n_tokens);
+  hc_post_kernel<<<g, 256, 0, stream>>>(n_tokens, dim, y, res, post, comb, out);
+  check(cudaGetLastError(), "hc_post_kernel launch");
+}
+
+void hc_sinkhorn(const float* logits, float* comb, int n_mats, int iters, float eps, cudaStream_t stream) {
+  device_config();
+  if (n_mats <= 0) return;
+  if (iters < 1) fail("cuda::hc_sinkhorn: iters=", iters, " must be >= 1");
+  hc_sinkhorn_kernel<<<(n_mats + 7) / 8, 128, 0, stream>>>(logits, comb, n_mats, iters, eps);
+  check(cudaGetLastError(), "hc_sinkhorn_kernel launch");
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,187 @@
+// cuda::hc_pre / hc_post / hc_head against cpu::hc_pre / hc_post / hc_head, and the device Sinkhorn against a
+// float64 Sinkhorn. Fresh random inputs every run, outputs poisoned before each launch.
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/mhc.h"
+#include "backend/cuda/kernels_compressor_mhc.h"
+#include "cuda_test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using cuda_test::DeviceBuffer;
+constexpr int N = 4;
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel, const char* what) {
+  double mx = 0;
+  for (float v : want) mx = std::max(mx, std::fabs(static_cast<double>(v)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "]";
+    ASSERT_NEAR(got[i], want[i], rel * mx + 1e-7) << what << "[" << i << "]";
+  }
+}
+
+HcWeights random_weights(std::mt19937_64& rng, int mix, int64_t dim, int n_scale) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  HcWeights w;
+  w.fn.resize(static_cast<size_t>(mix) * N * dim);
+  for (float& v : w.fn) v = 0.02f * nd(rng);
+  w.base.resize(mix);
+  for (float& v : w.base) v = 0.5f * nd(rng);
+  w.scale.resize(n_scale);
+  for (float& v : w.scale) v = 0.5f + 0.3f * nd(rng);
+  return w;
+}
+
+void run_pre(int T, int64_t D, bool head, uint64_t seed) {
+  SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int mix = head ? N : (2 + N) * N;
+  HcWeights w = random_weights(rng, mix, D, head ? 1 : 3);
+  std::vector<float> h(static_cast<size_t>(T) * N * D);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = nd(rng) * (1.0f + (i / D) % 3);  // streams of different scale
+  DeviceBuffer<float> dh(h.size()), dfn(w.fn.size()), dbase(w.base.size()), dscale(w.scale.size());
+  DeviceBuffer<float> dx(static_cast<size_t>(T) * D), dpost(T * N), dcomb(T * N * N);
+  DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(T, D));
+  dh.upload(h); dfn.upload(w.fn); dbase.upload(w.base); dscale.upload(w.scale);
+  dx.poison(); dpost.poison(); dcomb.poison(); ws.poison();
+  cuda::HcArgs a;
+  a.n_tokens = T; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
+  a.x = dx.get(); a.post = dpost.get(); a.comb = dcomb.get(); a.workspace = ws.get();
+  if (head) cuda::hc_head(a, nullptr);
+  else cuda::hc_pre(a, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> gx = dx.download(), gp = dpost.download(), gc = dcomb.download();
+  cpu::HcParams p;
+  p.dim = D;
+  std::vector<float> x(D), post(N), comb(N * N);
+  for (int t = 0; t < T; ++t) {
+    SCOPED_TRACE("token " + std::to_string(t));
+    const float* ht = h.data() + static_cast<size_t>(t) * N * D;
+    if (head) cpu::hc_head(w, p, ht, x.data());
+    else cpu::hc_pre(w, p, ht, x.data(), post.data(), comb.data());
+    expect_close(std::vector<float>(gx.begin() + t * D, gx.begin() + (t + 1) * D), x, 2e-5, "x");
+    if (!head) {
+      expect_close(std::vector<float>(gp.begin() + t * N, gp.begin() + (t + 1) * N), post, 2e-5, "post");
+      expect_close(std::vector<float>(gc.begin() + t * N * N, gc.begin() + (t + 1) * N * N), comb, 2e-5, "comb");
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaMhc, Pre) {
+  DSV4_REQUIRE_GPU();
+  const uint64_t s = cuda_test::test_seed() + 200;
+  run_pre(1, 7168, false, s);
+  run_pre(5, 4096, false, s + 1);
+  run_pre(77, 7168, false, s + 2);
+  run_pre(300, 96, false, s + 3);
+}
+
+TEST(CudaMhc, Head) {
+  DSV4_REQUIRE_GPU();
+  const uint64_t s = cuda_test::test_seed() + 300;
+  run_pre(1, 7168, true, s);
+  run_pre(40, 4096, true, s + 1);
+  run_pre(3, 32, true, s + 2);
+}
+
+TEST(CudaMhc, Post) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 400);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto [T, D] : {std::pair<int, int64_t>{1, 7168}, {33, 4096}, {7, 12}}) {
+    SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D));
+    std::vector<float> y(T * D), res(T * N * D), post(T * N), comb(T * N * N);
+    for (float& v : y) v = nd(rng);
+    for (float& v : res) v = nd(rng);
+    for (float& v : post) v = 2.0f / (1.0f + std::exp(-nd(rng)));
+    for (float& v : comb) v = std::fabs(nd(rng)) * 0.5f;
+    DeviceBuffer<float> dy(y.size()), dr(res.size()), dp(post.size()), dc(comb.size()), dout(res.size());
+    dy.upload(y); dr.upload(res); dp.upload(post); dc.upload(comb);
+    dout.poison();
+    cuda::hc_post(T, D, N, dy.get(), dr.get(), dp.get(), dc.get(), dout.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = dout.download();
+    cpu::HcParams p;
+    p.dim = D;
+    std::vector<float> want(res.size());
+    for (int t = 0; t < T; ++t)
+      cpu::hc_post(p, &y[t * D], &res[t * N * D], &post[t * N], &comb[t * N * N], &want[t * N * D]);
+    expect_close(got, want, 1e-6, "out");
+  }
+}
+
+// float64 Sinkhorn with the same steps as cpu::sinkhorn.
+void sinkhorn64(double* c, int iters, double eps) {
+  for (int j = 0; j < N; ++j) {
+    double mx = c[j * N];
+    for (int k = 1; k < N; ++k) mx = std::max(mx, c[j * N + k]);
+    double s = 0;
+    for (int k = 0; k < N; ++k) s += (c[j * N + k] = std::exp(c[j * N + k] - mx));
+    for (int k = 0; k < N; ++k) c[j * N + k] = c[j * N + k] / s + eps;
+  }
+  auto cols = [&] {
+    for (int k = 0; k < N; ++k) {
+      double s = 0;
+      for (int j = 0; j < N; ++j) s += c[j * N + k];
+      for (int j = 0; j < N; ++j) c[j * N + k] /= (s + eps);
+    }
+  };
+  auto rows = [&] {
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < N; ++k) s += c[j * N + k];
+      for (int k = 0; k < N; ++k) c[j * N + k] /= (s + eps);
+    }
+  };
+  cols();
+  for (int i = 0; i < iters - 1; ++i) rows(), cols();
+}
+
+TEST(CudaMhc, SinkhornAgainstFloat64) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 500);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int M = 4096;
+  std::vector<float> logits(M * N * N);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = nd(rng) * (i < 16 * 16 ? 30.f : 3.f);  // some near one-hot
+  DeviceBuffer<float> dl(logits.size()), dc(logits.size());
+  dl.upload(logits);
+  dc.poison();
+  cuda::hc_sinkhorn(dl.get(), dc.get(), M, 20, 1e-6f, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = dc.download();
+  double worst = 0;
+  for (int m = 0; m < M; ++m) {
+    double c[N * N];
+    for (int i = 0; i < N * N; ++i) c[i] = logits[m * N * N + i];
+    sinkhorn64(c, 20, 1e-6);
+    float cf[N * N];
+    for (int i = 0; i < N * N; ++i) cf[i] = logits[m * N * N + i];
+    cpu::sinkhorn(cf, N, 20, 1e-6f);
+    for (int i = 0; i < N * N; ++i) {
+      worst = std::max(worst, std::fabs(got[m * N * N + i] - c[i]));
+      ASSERT_NEAR(got[m * N * N + i], c[i], 1e-5) << "matrix " << m << " entry " << i;
+      ASSERT_NEAR(got[m * N * N + i], cf[i], 1e-5) << "matrix " << m << " entry " << i << " (cpu fp32)";
+    }
+  }
+  std::printf("sinkhorn: max |gpu fp32 - float64| = %.3g\n", worst);
+}
+
+TEST(CudaMhc, UnsupportedShapesFailLoudly) {
+  DSV4_REQUIRE_GPU();
+  cuda::HcArgs a;
+  a.n_tokens = 1; a.dim = 7200;
+  try {
+    cuda::hc_pre(a, nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dim=7200"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dsv4

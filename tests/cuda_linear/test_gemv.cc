@@ -1,0 +1,109 @@
+// cudalin::gemv (decode GEMM, 1..64 rows) against the CPU reference's dequantization in float64.
+// Error bound: weights are exact in bf16 and bf16 x bf16 products are exact in fp32, so the GPU differs from
+// the float64 sum only by fp32 summation (and, for FP8, one fp32 scale product per 128-chunk). With at most
+// K+8 roundings of relative size 2^-23 (tensor cores may truncate), |err| <= (K+8) 2^-23 sum_k |x_k w_k|
+// elementwise; in norm the errors are far smaller and we ask 1e-4 (the bf16 rounding of activations that
+// the engine's fp32 CPU path does not do is ~1e-3, reported separately against cpu::linear).
+#include "linear_test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using namespace lintest;
+
+enum class Kind { kFp8, kFp8F32, kFp4 };
+
+void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts, uint64_t salt) {
+  std::mt19937_64 rng(seed() ^ (salt * 0x9E3779B97F4A7C15ull));
+  HostWeight h = kind == Kind::kFp4 ? random_fp4(rng, rows, cols, 110, 140)
+                                    : random_fp8(rng, rows, cols, 112, 136, kind == Kind::kFp8F32);
+  bind(h);
+  const std::vector<float> W = dequant(h.view);
+  DevBuf<uint8_t> dw(h.w), ds(h.s);
+  cudalin::DevWeight dev{h.view.fmt, rows, cols, dw.p, ds.p, h.view.scale_is_f32};
+  cudalin::Workspace ws = cudalin::workspace_create();
+  for (int T : Ts) {
+    SCOPED_TRACE(::testing::Message() << "kind " << int(kind) << " W [" << rows << ", " << cols << "] T " << T);
+    std::vector<float> xf;
+    std::vector<uint16_t> xb;
+    random_bf16(rng, size_t(T) * cols, xf, xb);
+    DevBuf<uint16_t> dx(xb);
+    DevBuf<float> dy(size_t(T) * rows);
+    dy.poison();
+    cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = dy.download();
+    std::vector<double> ref, abs;
+    ref_gemm(W, rows, cols, xf, T, ref, abs);
+    const ErrStats e = compare(got, ref, abs);
+    // The engine's CPU path itself (fp32 everywhere) on the same bf16-representable inputs.
+    std::vector<float> cpu_y(size_t(T) * rows);
+    cpu::linear(h.view, xf.data(), T, cpu_y.data());
+    std::vector<double> cpu_d(cpu_y.begin(), cpu_y.end());
+    const ErrStats ec = compare(got, cpu_d, abs);
+    std::printf("gemv kind=%d [%lld,%lld] T=%d rel_norm=%.3g worst/abs=%.3g vs cpu::linear rel_norm=%.3g\n", int(kind),
+                (long long)rows, (long long)cols, T, e.rel_norm, e.worst, ec.rel_norm);
+    EXPECT_EQ(e.non_finite, 0) << "unwritten or non-finite outputs";
+    EXPECT_LE(e.rel_norm, 1e-4);
+    EXPECT_LE(e.worst, (cols + 8) * std::ldexp(1.0, -23));
+    EXPECT_LE(ec.rel_norm, 1e-4);
+  }
+  // Twice on the same inputs: the split-K reduction order is fixed, so the results are bit-identical.
+  {
+    const int T = 3;
+    std::vector<float> xf;
+    std::vector<uint16_t> xb;
+    random_bf16(rng, size_t(T) * cols, xf, xb);
+    DevBuf<uint16_t> dx(xb);
+    DevBuf<float> y1(size_t(T) * rows), y2(size_t(T) * rows);
+    y1.poison(), y2.poison();
+    cudalin::gemv(dev, dx.p, cols, T, y1.p, rows, ws, nullptr);
+    cudalin::gemv(dev, dx.p, cols, T, y2.p, rows, ws, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto a = y1.download(), b = y2.download();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "gemv is not deterministic";
+  }
+  cudalin::workspace_destroy(ws);
+}
+
+const std::vector<int> kTs = {1, 2, 7, 8, 9, 16, 23, 33, 64};
+
+TEST(CudaGemv, Fp8Ue8m0) {
+  DSV4_LIN_REQUIRE_GPU();
+  run_case(Kind::kFp8, 2048, 4096, kTs, 1);  // K split across blocks
+  run_case(Kind::kFp8, 4096, 1024, kTs, 2);
+  run_case(Kind::kFp8, 256, 512, kTs, 3);    // fewer chunks than warps
+}
+
+TEST(CudaGemv, Fp8F32Scales) {
+  DSV4_LIN_REQUIRE_GPU();
+  run_case(Kind::kFp8F32, 1024, 2048, {1, 9, 64}, 4);
+}
+
+TEST(CudaGemv, Mxfp4) {
+  DSV4_LIN_REQUIRE_GPU();
+  run_case(Kind::kFp4, 2048, 4096, kTs, 5);
+  run_case(Kind::kFp4, 4096, 2048, kTs, 6);
+  run_case(Kind::kFp4, 384, 1024, kTs, 7);
+}
+
+TEST(CudaGemv, RejectsUnsupportedShapes) {
+  DSV4_LIN_REQUIRE_GPU();
+  cudalin::Workspace ws = cudalin::workspace_create(1024, 16);
+  DevBuf<uint8_t> w(4096), s(64);
+  DevBuf<uint16_t> x(4096);
+  DevBuf<float> y(4096);
+  cudalin::DevWeight bad{WeightFormat::kFP8Block, 24, 128, w.p, s.p, false};
+  try {
+    cudalin::gemv(bad, x.p, 128, 1, y.p, 24, ws, nullptr);
+    ADD_FAILURE() << "no error for 24 rows";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("[24, 128]"), std::string::npos) << e.what();
+  }
+  cudalin::DevWeight ok{WeightFormat::kFP8Block, 16, 128, w.p, s.p, false};
+  EXPECT_THROW(cudalin::gemv(ok, x.p, 128, 65, y.p, 16, ws, nullptr), std::exception);
+  cudalin::workspace_destroy(ws);
+}
+
+}  // namespace
+}  // namespace dsv4
