@@ -1,21 +1,38 @@
-// Exact top-k per row, one CTA per row (reference: cpu::topk_row; design notes in docs/KERNELS.md).
+// Exact top-k per row (reference: cpu::topk_row; design notes in docs/KERNELS.md).
 //
 // Keys. Every float maps to a 32-bit key whose unsigned order is the float order (sign flip; -0 is folded
-// into +0 so that equal floats have equal keys); NaN and -inf map to key 0 and are never selected. A coarse
-// 11-bit bin is taken from the same trick applied to the value rounded to fp16: rounding is monotone, so
-// bin(a) > bin(b) implies a > b, and bins are finer than the top bits of the fp32 key where scores live.
+// into +0 so that equal floats have equal keys); NaN and -inf map to key 0 and are never selected. Values are
+// turned into keys once, as they are loaded; every later test is an integer compare. The coarse bin is the
+// key's top 11 bits (sign, exponent, 2 mantissa bits), so bins are prefixes of keys and the whole selection is
+// an MSD radix select on the key: 11 bits, then rounds over the remaining 21. (An fp16-rounded bin is finer in
+// the range where scores live, but it cost a conversion and ~15 instructions per element and pass, and with
+// a register-resident row the kernel was bound by instruction issue, not by memory.)
 //
-// Passes over the row (all state in shared memory, nothing global, so graph replay is safe):
-//   A. 2048-bin histogram of the coarse bins -> pivot bin P holding the k-th largest, `need` = how many of
-//      P's members are still to take.
-//   B. fast path, when P's population fits the 8192-key buffer: copy P's keys to shared memory and run
-//      four 8-bit MSD radix rounds there. Exact fallback otherwise: the same rounds, each rescanning the row
-//      from global memory and counting only P's members with the already fixed high bytes. No candidate is
-//      ever dropped; the buffer size only decides which path runs.
-//   C. emission in index order: a block-wide scan over (greater-than-threshold, equal-to-threshold) counts
-//      writes the selected indices ascending, and takes exact ties lowest index first.
-// Selection rule after B: x is selected iff bin(x) > P, or bin(x) == P and (key(x) > T, or key(x) == T and
-// x is among the first `ties` such elements in index order).
+// Work split. A row is served by a thread-block cluster of C <= 8 CTAs (C from the row length only; 8 is the
+// portable cluster size on sm_90 and sm_12x). CTA c owns the contiguous chunk [c*chunk, (c+1)*chunk) and, when
+// the chunk fits one tile (8192 elements = 32 floats per thread), loads it into registers once: every pass
+// below then runs on registers, so a 64K row is read from memory exactly once. Longer chunks are processed
+// tile by tile and re-read (mostly from L2) by each pass. CTAs exchange small tables through distributed
+// shared memory; the only synchronisation is the hardware cluster barrier, so there is no spin loop, no
+// global workspace and nothing to reset between graph replays.
+//
+//   A. Each CTA builds a 2048-bin histogram of its chunk; after a cluster barrier every CTA adds up all C
+//      histograms (the same sums in every CTA) -> pivot bin P holding the k-th largest and `need` = how many
+//      of P's members are still to take.
+//   B. Each CTA appends its members of P to a local buffer. After a barrier, when every local buffer fit and
+//      the total fits the gather buffer (the usual case: P holds a few hundred keys), every CTA copies all C
+//      buffers into its own shared memory and resolves the exact k-th key there with MSD radix rounds of 8
+//      bits, starting at the highest bit in which the candidates differ (no further cluster traffic).
+//      Exact fallback otherwise: cluster-wide radix rounds, each CTA counting its own chunk's members of P
+//      (registers or re-streamed), per-round 256-bin histograms exchanged through distributed shared memory.
+//      No candidate is ever dropped; the buffer sizes only decide which path runs.
+//   C. Emission in index order: per-thread (greater-than-threshold, equal-to-threshold) counts, a block scan,
+//      and the totals of lower-ranked CTAs (published after a barrier) give every selected element its output
+//      slot: indices come out ascending and exact ties are taken lowest index first.
+// Selection rule after B: x is selected iff key(x) > T, or key(x) == T and x is among the first `ties` such
+// elements in index order.
+#include <cooperative_groups.h>
+#include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <cuda_fp16.h>
 
@@ -25,265 +42,389 @@
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kUnroll = 8;  // float4 loads in flight per thread in the streaming passes
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kVec = 8;                          // float4 per thread per tile (32 values in registers)
+constexpr int kTile = 4 * kVec * kThreads;       // 8192 elements per tile
 constexpr int kBins = 2048;
-constexpr int kBinsPerThread = kBins / kThreads;
-constexpr int kCap = 8192;  // pivot-bin keys kept in shared memory (32 KB); more -> streaming rounds
-constexpr int kEmitVec = 4;                      // float4 per thread per emission step
-constexpr int kChunk = 4 * kEmitVec * kThreads;  // elements per emission step (8192)
+constexpr int kBinsPerThread = kBins / kThreads; // 8
+constexpr int kDigitBins = 256;                  // 8-bit radix rounds (== kThreads: one bin per thread)
+constexpr int kLocalCap = 2048;                  // pivot-bin keys a CTA may publish (8 KB)
+constexpr int kCap = 6144;                       // pivot-bin keys gathered from the whole cluster (24 KB)
+constexpr int kMaxCluster = 8;
+static_assert(kDigitBins == kThreads, "one digit bin per thread");
+static_assert(kVec * kThreads <= kCap, "emission offsets reuse the gather buffer");
 
-struct Classified {
-  uint32_t key;  // 0 = never selected
-  int bin;       // 0 for invalid, [31, 2047] for valid values
-};
+constexpr int kBinShift = 21;  // bin = key >> 21: 2048 bins
 
-__device__ __forceinline__ Classified classify(float x) {
-  if (x != x || x == -INFINITY) return {0u, 0};
+__device__ __forceinline__ uint32_t to_key(float x) {
+  if (x != x || x == -INFINITY) return 0u;
   if (x == 0.0f) x = 0.0f;  // -0 -> +0
   const uint32_t u = __float_as_uint(x);
-  const uint32_t key = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  const uint16_t h = __half_as_ushort(__float2half_rn(x));
-  const uint16_t o = (h & 0x8000u) ? static_cast<uint16_t>(~h) : static_cast<uint16_t>(h | 0x8000u);
-  return {key, o >> 5};
-}
-
-// Calls f(index, value) for every element of the row; vectorised when the row is 16-byte aligned.
-template <typename F>
-__device__ __forceinline__ void for_each(const float* row, int n, F&& f) {
-  const int tid = threadIdx.x;
-  if ((reinterpret_cast<uintptr_t>(row) & 15u) == 0) {
-    const int n4 = n >> 2;
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    int i = tid;
-    for (; i + (kUnroll - 1) * kThreads < n4; i += kUnroll * kThreads) {
-      float4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(r4 + i + u * kThreads);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int b = 4 * (i + u * kThreads);
-        f(b, v[u].x); f(b + 1, v[u].y); f(b + 2, v[u].z); f(b + 3, v[u].w);
-      }
-    }
-    for (; i < n4; i += kThreads) {
-      const float4 v = __ldg(r4 + i);
-      f(4 * i, v.x); f(4 * i + 1, v.y); f(4 * i + 2, v.z); f(4 * i + 3, v.w);
-    }
-    for (int j = 4 * n4 + tid; j < n; j += kThreads) f(j, __ldg(row + j));
-  } else {
-    for (int j = tid; j < n; j += kThreads) f(j, __ldg(row + j));
-  }
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 using ScanInt = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
-using ScanU64 = cub::BlockScan<unsigned long long, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
 struct Shared {
-  int hist[kBins];
-  uint32_t cand[kCap];
-  union {
-    typename ScanInt::TempStorage scan_int;
-    typename ScanU64::TempStorage scan_u64;
-  } tmp;
-  int n_cand;
-  int pivot, above;  // result of a pivot search
-  unsigned long long carry;
+  int hist[kBins];             // coarse histogram (read by the other CTAs), later digit histograms
+  uint32_t lcand[kLocalCap];   // this CTA's pivot-bin keys (read by the other CTAs)
+  uint32_t gcand[kCap];        // every CTA's pivot-bin keys, in rank order
+  int wsum[kWarps][kVec];      // emission: per-warp totals of each float4 slot, (gt << 16) | eq
+  typename ScanInt::TempStorage scan;
+  int n_local;                 // this CTA's pivot-bin population (may exceed kLocalCap)
+  int nl[kMaxCluster];         // every CTA's n_local
+  unsigned long long tot;      // this CTA's (gt << 32) | eq after the threshold is known
+  int pivot, above, pcnt;      // result of a pivot search
+  unsigned or_all, and_all;
 };
 
-// Over `nb` bins held in s.hist (nb <= kBins), finds the bin b (searching from the top) with
-// above(b) < need <= above(b) + hist[b]. Requires 1 <= need <= total. Result in s.pivot / s.above.
-__device__ void find_pivot(Shared& s, int nb, int need) {
+// Tile layout: float4 slot u of thread t covers elements tb + 4 (u * kThreads + t) + 0..3, so every load
+// instruction is coalesced; the element order is (u, t, e) lexicographic, which the emission scan follows.
+__device__ __forceinline__ void load_tile(const float* __restrict__ row, bool aligned, int tb, int ce,
+                                          uint32_t (&v)[4 * kVec]) {
   const int tid = threadIdx.x;
-  int c[kBinsPerThread], ex[kBinsPerThread];
 #pragma unroll
-  for (int i = 0; i < kBinsPerThread; ++i) {
-    const int b = nb - 1 - (kBinsPerThread * tid + i);
-    c[i] = b >= 0 ? s.hist[b] : 0;
-  }
-  ScanInt(s.tmp.scan_int).ExclusiveSum(c, ex);
+  for (int u = 0; u < kVec; ++u) {
+    const int j = tb + 4 * (u * kThreads + tid);
+    if (aligned && j + 3 < ce) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(row + j));
+      v[4 * u] = to_key(f.x); v[4 * u + 1] = to_key(f.y); v[4 * u + 2] = to_key(f.z); v[4 * u + 3] = to_key(f.w);
+    } else {
 #pragma unroll
-  for (int i = 0; i < kBinsPerThread; ++i) {
-    const int b = nb - 1 - (kBinsPerThread * tid + i);
-    if (b >= 0 && ex[i] < need && ex[i] + c[i] >= need) {
-      s.pivot = b;
-      s.above = ex[i];
+      for (int e = 0; e < 4; ++e) v[4 * u + e] = j + e < ce ? to_key(__ldg(row + j + e)) : 0u;
     }
+  }
+}
+
+// Picks, over nb <= 256 bins whose counts are given one per thread (thread t holds bin nb-1-t, i.e. the scan
+// runs from the top bin down), the bin b with above(b) < need <= above(b) + count(b). Requires
+// 1 <= need <= total. Result in s.pivot / s.above / s.pcnt, visible to all threads on return.
+__device__ void select_digit(Shared& s, int c, int need, int nb) {
+  const int tid = threadIdx.x;
+  if (tid >= nb) c = 0;
+  int ex;
+  ScanInt(s.scan).ExclusiveSum(c, ex);
+  if (tid < nb && ex < need && ex + c >= need) {
+    s.pivot = nb - 1 - tid;
+    s.above = ex;
+    s.pcnt = c;
   }
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     topk_rows_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
                      const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
   __shared__ Shared s;
-  const int tid = threadIdx.x;
-  const int r = blockIdx.x;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r = blockIdx.x / C;
   const float* row = scores + static_cast<int64_t>(r) * row_stride;
   int32_t* orow = out + static_cast<int64_t>(r) * k;
   int n = cols;
   if (lengths) n = max(0, min(lengths[r], cols));
+  // Chunks are multiples of 4 so that float4 loads stay aligned inside an aligned row.
+  const int chunk = ((n + C - 1) / C + 3) & ~3;
+  const int cb = min(n, rank * chunk), ce = min(n, cb + chunk);
+  const int n_tiles = (ce - cb + kTile - 1) / kTile;
+  const bool resident = n_tiles <= 1;  // the whole chunk lives in registers
+  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+
+  uint32_t v[4 * kVec];  // keys
+  if (resident) load_tile(row, aligned, cb, ce, v);  // issued first: the loads fly while shared is reset
+  // Calls f(element index, key) for every element of the chunk, from registers or tile by tile.
+  auto for_each = [&](auto&& f) {
+    for (int t = 0; t < max(n_tiles, 1); ++t) {
+      const int tb = cb + t * kTile;
+      if (!resident) load_tile(row, aligned, tb, ce, v);
+#pragma unroll
+      for (int u = 0; u < kVec; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(tb + 4 * (u * kThreads + tid) + e, v[4 * u + e]);
+    }
+  };
+
+  for (int i = tid; i < kBins; i += kThreads) s.hist[i] = 0;
+  if (tid == 0) {
+    s.n_local = 0;
+    s.or_all = 0u;
+    s.and_all = 0xffffffffu;
+  }
+  __syncthreads();
 
   // Defaults: select every valid element (used when the row has at most k valid entries).
-  int pivot = 0;             // bins above 0 are taken whole
-  uint32_t thresh = 0xffffffffu;  // nothing inside the pivot bin beyond that
+  int pivot = 0;
+  uint32_t thresh = 0u;  // every valid key is above it
   int ties = 0;
-  int k_eff = n < k ? n : k;
 
-  if (n > k) {
-    // ---- A: coarse histogram ----
-    for (int i = tid; i < kBins; i += kThreads) s.hist[i] = 0;
-    __syncthreads();
-    for_each(row, n, [&](int, float x) {
-      const Classified c = classify(x);
-      if (c.key) atomicAdd(&s.hist[c.bin], 1);
-    });
-    __syncthreads();
-    // Number of valid entries = sum of the histogram (bin 0 is never counted).
-    int c2[kBinsPerThread];
+  // ---- A: coarse histogram, summed over the cluster ----
+  for_each([&](int, uint32_t key) {
+    if (key) atomicAdd(&s.hist[key >> kBinShift], 1);
+  });
+  cluster.sync();  // S1: every CTA's histogram is complete
+  int cnt[kBinsPerThread];
 #pragma unroll
-    for (int i = 0; i < kBinsPerThread; ++i) c2[i] = s.hist[kBinsPerThread * tid + i];
-    int n_valid = 0;
-    {
-      int ex[kBinsPerThread];
-      ScanInt(s.tmp.scan_int).ExclusiveSum(c2, ex, n_valid);
-    }
-    __syncthreads();
-    k_eff = n_valid < k ? n_valid : k;
-    if (n_valid > k) {
-      find_pivot(s, kBins, k);
-      pivot = s.pivot;
-      int need = k - s.above;
-      const int pop = s.hist[pivot];
-      __syncthreads();  // s.hist is reused below
-
-      // ---- B: exact threshold inside the pivot bin ----
-      const bool fast = pop <= kCap;
-      if (fast) {
-        if (tid == 0) s.n_cand = 0;
-        __syncthreads();
-        const int lane = tid & 31;
-        for_each(row, n, [&](int, float x) {
-          const Classified c = classify(x);
-          const bool mine = c.key && c.bin == pivot;
-          // Warp-aggregated append: one shared atomic per warp and call.
-          const unsigned am = __activemask();
-          const unsigned m = __ballot_sync(am, mine);
-          if (m) {
-            const int leader = __ffs(m) - 1;
-            int base = 0;
-            if (lane == leader) base = atomicAdd(&s.n_cand, __popc(m));
-            base = __shfl_sync(am, base, leader);
-            if (mine) s.cand[base + __popc(m & ((1u << lane) - 1))] = c.key;
-          }
-        });
-        __syncthreads();
+  for (int i = 0; i < kBinsPerThread; ++i) cnt[i] = 0;
+  // Thread t holds bins kBins-1-(8t+i): the scan below runs from the top bin down.
+  for (int q = 0; q < C; ++q) {
+    const int* h = cluster.map_shared_rank(s.hist, q);
+    const int4 a = *reinterpret_cast<const int4*>(h + kBins - kBinsPerThread * (tid + 1));
+    const int4 b = *reinterpret_cast<const int4*>(h + kBins - kBinsPerThread * (tid + 1) + 4);
+    cnt[0] += b.w; cnt[1] += b.z; cnt[2] += b.y; cnt[3] += b.x;
+    cnt[4] += a.w; cnt[5] += a.z; cnt[6] += a.y; cnt[7] += a.x;
+  }
+  int n_valid;
+  {
+    int ex[kBinsPerThread];
+    ScanInt(s.scan).ExclusiveSum(cnt, ex, n_valid);
+#pragma unroll
+    for (int i = 0; i < kBinsPerThread; ++i)
+      if (ex[i] < k && ex[i] + cnt[i] >= k) {
+        s.pivot = kBins - 1 - (kBinsPerThread * tid + i);
+        s.above = ex[i];
+        s.pcnt = cnt[i];
       }
-      // Four MSD rounds of 8 bits over the pivot bin's fp32 keys (shared buffer or streamed row).
-      uint32_t prefix = 0;
-      thresh = 0;
-      bool done = false;
-      for (int shift = 24; shift >= 0 && !done; shift -= 8) {
-        for (int i = tid; i < 256; i += kThreads) s.hist[i] = 0;
-        __syncthreads();
-        const int hs = shift + 8;
-        auto count = [&](uint32_t key) {
-          if (shift == 24 || (key >> hs) == prefix) atomicAdd(&s.hist[(key >> shift) & 0xffu], 1);
-        };
-        if (fast) {
-          for (int i = tid; i < pop; i += kThreads) count(s.cand[i]);
-        } else {
-          for_each(row, n, [&](int, float x) {
-            const Classified c = classify(x);
-            if (c.key && c.bin == pivot) count(c.key);
-          });
+  }
+  __syncthreads();
+  const bool select = n_valid > k;  // identical in every CTA of the cluster
+  int need = 0;
+  if (select) {
+    pivot = s.pivot;
+    need = k - s.above;
+    // ---- B: this CTA's members of the pivot bin ----
+    for_each([&](int, uint32_t key) {
+      const bool mine = key && static_cast<int>(key >> kBinShift) == pivot;
+      // Warp-aggregated append: one shared atomic per warp and element position.
+      const unsigned m = __ballot_sync(0xffffffffu, mine);
+      if (m) {
+        const int leader = __ffs(m) - 1;
+        int base = 0;
+        if (lane == leader) base = atomicAdd(&s.n_local, __popc(m));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        const int at = base + __popc(m & ((1u << lane) - 1));
+        if (mine && at < kLocalCap) s.lcand[at] = key;  // overflow is counted, and handled below
+      }
+    });
+  }
+  cluster.sync();  // S2: local candidate buffers complete; nobody reads s.hist remotely any more
+  if (select) {
+    if (tid < C) s.nl[tid] = *cluster.map_shared_rank(&s.n_local, tid);
+    __syncthreads();
+    int total = 0;
+    bool fits = true;
+    for (int q = 0; q < C; ++q) {
+      total += s.nl[q];
+      fits = fits && s.nl[q] <= kLocalCap;
+    }
+    fits = fits && total <= kCap;
+    if (fits) {
+      // Fast path: gather every CTA's candidates, then resolve the threshold locally.
+      int off = 0;
+      for (int q = 0; q < C; ++q) {
+        const uint32_t* src = cluster.map_shared_rank(s.lcand, q);
+        for (int i = tid; i < s.nl[q]; i += kThreads) s.gcand[off + i] = src[i];
+        off += s.nl[q];
+      }
+      __syncthreads();
+      // Bits shared by every candidate need no radix round: start at the highest differing bit.
+      unsigned o = 0u, a = 0xffffffffu;
+      for (int i = tid; i < total; i += kThreads) {
+        o |= s.gcand[i];
+        a &= s.gcand[i];
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) {
+        o |= __shfl_xor_sync(0xffffffffu, o, d);
+        a &= __shfl_xor_sync(0xffffffffu, a, d);
+      }
+      if (lane == 0) {
+        atomicOr(&s.or_all, o);
+        atomicAnd(&s.and_all, a);
+      }
+      __syncthreads();
+      const uint32_t diff = s.or_all ^ s.and_all;
+      if (diff == 0) {  // every candidate has the same key
+        thresh = s.and_all;
+        ties = need;
+      } else {
+        int rem = 32 - __clz(diff);  // bits still to resolve: [0, rem)
+        uint64_t prefix = static_cast<uint64_t>(s.and_all) >> rem;
+        while (true) {
+          const int w = min(8, rem), shift = rem - w;
+          s.hist[tid] = 0;
+          __syncthreads();
+          for (int i = tid; i < total; i += kThreads) {
+            const uint32_t key = s.gcand[i];
+            if ((static_cast<uint64_t>(key) >> rem) == prefix) atomicAdd(&s.hist[(key >> shift) & ((1u << w) - 1u)], 1);
+          }
+          __syncthreads();
+          const int nb = 1 << w;
+          select_digit(s, tid < nb ? s.hist[nb - 1 - tid] : 0, need, nb);
+          const int digit = s.pivot, dcnt = s.pcnt;
+          need -= s.above;
+          prefix = (prefix << w) | static_cast<uint64_t>(digit);
+          rem = shift;
+          if (dcnt == need) {
+            // Every candidate with this prefix is taken: threshold just below the prefix's range.
+            const uint32_t lo = static_cast<uint32_t>(prefix << shift);
+            thresh = lo == 0 ? 0u : lo - 1u;  // key 0 (invalid) is never selected anyway
+            ties = 0;
+            break;
+          }
+          if (shift == 0) {
+            thresh = static_cast<uint32_t>(prefix);  // the exact k-th key
+            ties = need;                             // how many keys equal to it to take, lowest index first
+            break;
+          }
+          __syncthreads();  // s.pivot / s.hist are rewritten by the next round
         }
+      }
+    } else {
+      // Exact fallback: cluster-wide rounds over the chunks themselves, up to 8 of the remaining 21 key bits
+      // each. Digit histograms alternate between two halves of s.hist: a CTA zeroes one half only after the
+      // barrier of the previous round, which every CTA reaches after it finished reading that half.
+      uint32_t prefix = static_cast<uint32_t>(pivot);
+      int rem = kBinShift;
+      for (int round = 0;; ++round) {
+        const int w = min(8, rem), shift = rem - w;
+        int* buf = s.hist + kDigitBins * (round & 1);
+        buf[tid] = 0;
         __syncthreads();
-        find_pivot(s, 256, need);
-        const int digit = s.pivot;
-        const int cnt = s.hist[digit];
+        for_each([&](int, uint32_t key) {
+          if (key && (key >> rem) == prefix) atomicAdd(&buf[(key >> shift) & ((1u << w) - 1u)], 1);
+        });
+        cluster.sync();
+        const int nb = 1 << w;
+        int c = 0;
+        if (tid < nb)
+          for (int q = 0; q < C; ++q) c += cluster.map_shared_rank(buf, q)[nb - 1 - tid];
+        select_digit(s, c, need, nb);
+        const int digit = s.pivot, dcnt = s.pcnt;
         need -= s.above;
-        prefix = (prefix << 8) | static_cast<uint32_t>(digit);
-        __syncthreads();
-        if (cnt == need) {
-          // Every pivot-bin key with this prefix is taken: threshold just below the prefix's range.
+        prefix = (prefix << w) | static_cast<uint32_t>(digit);
+        rem = shift;
+        if (dcnt == need) {
           const uint32_t lo = prefix << shift;
-          thresh = lo == 0 ? 0u : lo - 1u;  // key 0 (invalid) is never selected anyway
+          thresh = lo == 0 ? 0u : lo - 1u;
           ties = 0;
-          done = true;
-        } else if (shift == 0) {
-          thresh = prefix;  // the exact k-th key
-          ties = need;      // how many keys equal to it to take, lowest index first
+          break;
         }
+        if (shift == 0) {
+          thresh = prefix;
+          ties = need;
+          break;
+        }
+        __syncthreads();
       }
     }
   }
 
   // ---- C: ordered emission ----
-  if (tid == 0) s.carry = 0;
-  __syncthreads();
-  // Each step covers kChunk elements, kEmitVec float4 per thread (contiguous, so the block scan runs in
-  // index order); the next step's loads are issued before this step's scan so the row streams while the
-  // block synchronises (one load in flight per step made this pass latency-bound: 80 us for a 64K row).
-  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
-  auto load_step = [&](int base, float (&v)[4 * kEmitVec]) {
-    const int j0 = base + 4 * kEmitVec * tid;
+  // Per tile: (gt << 16) | eq per float4 slot (at most 8192 each per tile, so 16 bits suffice), a warp scan
+  // of each slot column, per-warp totals in shared memory -> exclusive offset of every slot in tile order.
+  unsigned gtm = 0u, eqm = 0u;  // bit 4u+e: element (u, e) of this thread is greater / equal
+  // Each slot's exclusive offset lives in the (by now unused) gather buffer rather than in registers: the
+  // register-resident tile already takes 32 of the 128 registers, and sm_120a spilled with off[] in registers.
+  uint32_t* off = s.gcand;  // [kVec][kThreads], each thread touches only its own entries
+  auto classify_tile = [&]() {
+    gtm = 0u;
+    eqm = 0u;
 #pragma unroll
-    for (int u = 0; u < kEmitVec; ++u) {
-      const int j = j0 + 4 * u;
-      if (aligned && j + 3 < n) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(row + j));
-        v[4 * u] = f.x; v[4 * u + 1] = f.y; v[4 * u + 2] = f.z; v[4 * u + 3] = f.w;
-      } else {
+    for (int i = 0; i < 4 * kVec; ++i) {
+      const bool g = v[i] > thresh;               // key 0 (invalid) never is
+      const bool e = ties > 0 && v[i] == thresh;  // thresh != 0 whenever ties > 0
+      gtm |= static_cast<unsigned>(g) << i;
+      eqm |= static_cast<unsigned>(e) << i;
+    }
+  };
+  // Returns the tile total (gt << 32 | eq); fills off[] with each slot's exclusive (gt << 16 | eq) offset.
+  auto scan_tile = [&]() -> unsigned long long {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[4 * u + e] = j + e < n ? __ldg(row + j + e) : NAN;
+    for (int u = 0; u < kVec; ++u) {
+      const int c = (__popc((gtm >> (4 * u)) & 15u) << 16) | __popc((eqm >> (4 * u)) & 15u);
+      int x = c;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+      }
+      if (lane == 31) s.wsum[warp][u] = x;
+      off[u * kThreads + tid] = x - c;
+    }
+    __syncthreads();
+    int run = 0;
+#pragma unroll
+    for (int u = 0; u < kVec; ++u) {
+      int col = 0, below = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const int x = s.wsum[w][u];
+        col += x;
+        below += w < warp ? x : 0;
+      }
+      off[u * kThreads + tid] += run + below;
+      run += col;
+    }
+    __syncthreads();  // s.wsum is rewritten by the next tile
+    return (static_cast<unsigned long long>(run >> 16) << 32) | static_cast<unsigned>(run & 0xffff);
+  };
+
+  unsigned long long mine = 0;  // this CTA's (gt << 32) | eq
+  if (resident) {
+    classify_tile();
+    mine = scan_tile();
+  } else {
+    for (int t = 0; t < n_tiles; ++t) {
+      load_tile(row, aligned, cb + t * kTile, ce, v);
+      classify_tile();
+      mine += scan_tile();
+    }
+  }
+  if (tid == 0) s.tot = mine;
+  cluster.sync();  // S3: every CTA's totals are published
+  unsigned long long before = 0, all = 0;
+  for (int q = 0; q < C; ++q) {
+    const unsigned long long t = *cluster.map_shared_rank(&s.tot, q);
+    before += q < rank ? t : 0ull;
+    all += t;
+  }
+  auto emit_tile = [&](int tb, unsigned long long base) {
+    if (!(gtm | eqm)) return;
+#pragma unroll
+    for (int u = 0; u < kVec; ++u) {
+      const uint32_t o = off[u * kThreads + tid];
+      int gb = static_cast<int>(base >> 32) + static_cast<int>(o >> 16);
+      int eb = static_cast<int>(base & 0xffffffffu) + static_cast<int>(o & 0xffffu);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool g = (gtm >> (4 * u + e)) & 1u, q = (eqm >> (4 * u + e)) & 1u;
+        if (g || (q && eb < ties)) orow[gb + min(eb, ties)] = tb + 4 * (u * kThreads + tid) + e;
+        gb += g;
+        eb += q;
       }
     }
   };
-  float cur[4 * kEmitVec], nxt[4 * kEmitVec];
-  if (n > 0) load_step(0, cur);
-  for (int base = 0; base < n; base += kChunk) {
-    if (base + kChunk < n) load_step(base + kChunk, nxt);
-    const int j0 = base + 4 * kEmitVec * tid;
-    unsigned gt = 0, eq = 0;  // bit u: element j0 + u
-    unsigned long long mine = 0;
-#pragma unroll
-    for (int u = 0; u < 4 * kEmitVec; ++u) {
-      const Classified c = classify(cur[u]);
-      const bool g = c.key && (c.bin > pivot || (c.bin == pivot && c.key > thresh));
-      const bool e = c.key && c.bin == pivot && c.key == thresh && ties > 0;
-      gt |= static_cast<unsigned>(g) << u;
-      eq |= static_cast<unsigned>(e) << u;
+  if (resident) {
+    emit_tile(cb, before);
+  } else {
+    for (int t = 0; t < n_tiles; ++t) {
+      load_tile(row, aligned, cb + t * kTile, ce, v);
+      classify_tile();
+      const unsigned long long tile_total = scan_tile();  // off[] is relative to the tile start
+      emit_tile(cb + t * kTile, before);
+      before += tile_total;
     }
-    mine = (static_cast<unsigned long long>(__popc(gt)) << 32) | static_cast<unsigned long long>(__popc(eq));
-    unsigned long long ex, agg;
-    ScanU64(s.tmp.scan_u64).ExclusiveSum(mine, ex, agg);
-    const unsigned long long carry = s.carry;
-    ex += carry;
-    int gt_before = static_cast<int>(ex >> 32);
-    int eq_before = static_cast<int>(ex & 0xffffffffu);
-    if (gt | eq) {
-#pragma unroll
-      for (int u = 0; u < 4 * kEmitVec; ++u) {
-        const bool g = (gt >> u) & 1u, e = (eq >> u) & 1u;
-        if (g || (e && eq_before < ties)) orow[gt_before + min(eq_before, ties)] = j0 + u;
-        gt_before += g;
-        eq_before += e;
-      }
-    }
-    const unsigned long long total = carry + agg;
-    __syncthreads();  // everyone has read s.carry and the scan storage
-    if (tid == 0) s.carry = total;
-    __syncthreads();
-    // Stop once all k_eff are written: every remaining element is below the threshold or a surplus tie.
-    const int g = static_cast<int>(total >> 32), e = static_cast<int>(total & 0xffffffffu);
-    if (g + min(e, ties) >= k_eff) break;
-#pragma unroll
-    for (int u = 0; u < 4 * kEmitVec; ++u) cur[u] = nxt[u];
   }
-  const unsigned long long total = s.carry;  // final after the last step (read after its barrier)
-  const int written = static_cast<int>(total >> 32) + min(static_cast<int>(total & 0xffffffffu), ties);
-  for (int i = written + tid; i < k; i += kThreads) orow[i] = -1;
+  if (rank == 0) {
+    const int written = static_cast<int>(all >> 32) + min(static_cast<int>(all & 0xffffffffu), ties);
+    for (int i = written + tid; i < k; i += kThreads) orow[i] = -1;
+  }
+  cluster.sync();  // S4: no CTA leaves while another may still read its shared memory
 }
 
 }  // namespace
@@ -297,8 +438,23 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
   if (row_stride < cols) fail("cuda::topk_rows: row stride ", row_stride, " is below the row length ", cols);
   if (rows < 0 || rows > (1 << 30)) fail("cuda::topk_rows: ", rows, " rows is not supported");
   if (rows == 0) return;
-  topk_rows_kernel<<<rows, kThreads, 0, stream>>>(scores, row_stride, static_cast<int>(cols), lengths, k, out);
-  check(cudaGetLastError(), "topk_rows_kernel launch");
+  // CTAs per row from the row length only (never from device data): one tile per CTA up to 8 CTAs.
+  int C = static_cast<int>(std::min<int64_t>(kMaxCluster, std::max<int64_t>(1, (cols + kTile - 1) / kTile)));
+  if (static_cast<int64_t>(rows) * C > (int64_t{1} << 30)) C = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows) * C);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check(cudaLaunchKernelEx(&cfg, topk_rows_kernel, scores, row_stride, static_cast<int>(cols), lengths, k, out),
+        "topk_rows_kernel launch");
 }
 
 }  // namespace dsv4::cuda
