@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the GPU engine test (tests/cuda_engine), runs it (GPU vs CPU logits and greedy continuations,
+# decode throughput of the small test model). Usage (GPU machine, repository root): scripts/gpu/run_engine.sh
+# Logs go to $OUT (default build-gpu/out). Architectures: DSV4_CUDA_ARCHS (default 90a).
+# GTest / nlohmann_json the device image may lack: carried under build-cuda/deps (as run_all.sh does).
+set -uo pipefail
+FINAL=${OUT:-build-gpu/out}
+mkdir -p "$FINAL"
+ARCHS=${DSV4_CUDA_ARCHS:-90a}
+JOBS=${JOBS:-$(nproc)}
+B=build-gpu
+
+PREFIX=""
+if [ -d build-cuda/deps/googletest ] && ! [ -e /usr/lib/x86_64-linux-gnu/cmake/GTest ]; then
+  { cmake -S build-cuda/deps/googletest -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/deps -DBUILD_GMOCK=OFF \
+      -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/gtest-build -j "$JOBS" && cmake --install /tmp/gtest-build; } \
+    > "$FINAL/deps.log" 2>&1 || { echo "googletest build failed"; tail "$FINAL/deps.log"; exit 1; }
+  PREFIX="/tmp/deps"
+fi
+[ -d build-cuda/deps/prefix ] && PREFIX="${PREFIX:+$PREFIX;}$PWD/build-cuda/deps/prefix"
+
+rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machine
+{ cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views; } \
+  > "$FINAL/build.log" 2>&1 || { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$FINAL/gpu.txt" 2>&1
+
+views=$(find $B -name test_gpu_kernel_views -type f -perm -u+x | head -1)
+"$views" > "$FINAL/test_gpu_kernel_views.log" 2>&1
+rc_views=$?
+exe=$(find $B -name test_gpu_model -type f -perm -u+x | head -1)
+OMP_NUM_THREADS=$JOBS "$exe" ${ENGINE_FILTER:+--gtest_filter="$ENGINE_FILTER"} > "$FINAL/test_gpu_model.log" 2>&1
+rc=$?
+echo "== $(date -u +%F) $(tail -1 "$FINAL/gpu.txt")"
+grep -E "DSV4_TEST_SEED|vs CPU|decode \(|Failure|Expected|Which is|error|^\[  |^\[ RUN|OK \]|FAILED" "$FINAL/test_gpu_model.log" | head -80
+echo "== kernel views (rc=$rc_views)"
+grep -E "vs|Failure|^\[  " "$FINAL/test_gpu_kernel_views.log" | head -40
+echo "rc=$rc"
+[ $rc_views -ne 0 ] && rc=1
+exit $rc

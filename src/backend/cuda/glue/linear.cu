@@ -1,0 +1,98 @@
+// fp32-activation linear over weights in their shipped formats, and the exact-mode routed experts.
+// One warp per weight row; up to 8 tokens per pass share each decoded weight element.
+#include "backend/cuda/glue/glue_common.cuh"
+
+namespace dsv4::glue {
+using namespace detail;
+
+namespace {
+constexpr int kWarps = 8;  // rows per block
+constexpr int kTok = 8;    // tokens per pass
+
+__device__ __forceinline__ void row_dots(const Weight& w, int64_t r, const float* x, int64_t ldx, int nt,
+                                         float* acc) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
+  for (int64_t k = lane; k < w.cols; k += 32) {
+    const float wv = weight_at(w, r, k);
+#pragma unroll
+    for (int j = 0; j < kTok; ++j)
+      if (j < nt) acc[j] += wv * x[j * ldx + k];
+  }
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = warp_sum(acc[j]);
+}
+
+__global__ void linear_kernel(Weight w, int64_t row_begin, int64_t rows, const float* x, int64_t T, int64_t ldx,
+                              float* y, int64_t ldy) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
+  float acc[kTok];
+  row_dots(w, row_begin + r, x + t0 * ldx, ldx, nt, acc);
+  if (threadIdx.x % 32 == 0)
+    for (int j = 0; j < nt; ++j) y[(t0 + j) * ldy + r] = acc[j];
+}
+
+// h[p, i] = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * weight[p] for pair p = t * top_k + k.
+__global__ void moe_up_kernel(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit,
+                              const float* x, const int32_t* idx, const float* weights, float* h) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (i >= inter) return;
+  const int p = blockIdx.y;
+  const Expert& e = experts[idx[p]];
+  const float* xt = x + static_cast<int64_t>(p / top_k) * hidden;
+  float g[kTok], u[kTok];
+  row_dots(e.w1, i, xt, hidden, 1, g);
+  row_dots(e.w3, i, xt, hidden, 1, u);
+  float gi = g[0], ui = u[0];
+  if (limit > 0.0f) {
+    gi = fminf(gi, limit);
+    ui = fminf(fmaxf(ui, -limit), limit);
+  }
+  if (threadIdx.x % 32 == 0) h[static_cast<int64_t>(p) * inter + i] = gi / (1.0f + expf(-gi)) * ui * weights[p];
+}
+
+// out[t, d] (+)= sum_k w2[idx[t,k]] row d . h[t*top_k + k]
+__global__ void moe_down_kernel(const Expert* experts, int64_t hidden, int64_t inter, int top_k, const int32_t* idx,
+                                const float* h, float* out, bool accumulate) {
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (d >= hidden) return;
+  const int t = blockIdx.y;
+  float sum = 0.0f;
+  for (int k = 0; k < top_k; ++k) {
+    const int p = t * top_k + k;
+    float acc[kTok];
+    row_dots(experts[idx[p]].w2, d, h + static_cast<int64_t>(p) * inter, inter, 1, acc);
+    sum += acc[0];
+  }
+  if (threadIdx.x % 32 == 0) {
+    float* o = out + static_cast<int64_t>(t) * hidden + d;
+    *o = accumulate ? *o + sum : sum;
+  }
+}
+}  // namespace
+
+void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, int64_t T, int64_t ldx, float* y,
+            int64_t ldy, cudaStream_t stream) {
+  if (rows <= 0 || T <= 0) return;
+  dim3 grid(blocks_for(rows, kWarps), blocks_for(T, kTok));
+  linear_kernel<<<grid, kWarps * 32, 0, stream>>>(w, row_begin, rows, x, T, ldx, y, ldy);
+  check_launch("glue::linear");
+}
+
+void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit, const float* x,
+               const int32_t* idx, const float* weights, int T, float* h, float* out, bool accumulate,
+               cudaStream_t stream) {
+  if (T <= 0) return;
+  moe_up_kernel<<<dim3(blocks_for(inter, kWarps), T * top_k), kWarps * 32, 0, stream>>>(
+      experts, hidden, inter, top_k, limit, x, idx, weights, h);
+  check_launch("glue::moe_exact up");
+  moe_down_kernel<<<dim3(blocks_for(hidden, kWarps), T), kWarps * 32, 0, stream>>>(experts, hidden, inter, top_k,
+                                                                                    idx, h, out, accumulate);
+  check_launch("glue::moe_exact down");
+}
+
+}  // namespace dsv4::glue

@@ -1,0 +1,164 @@
+#include "engine/gpu/device_weights.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace dsv4::gpu {
+
+namespace {
+size_t weight_bytes(const LinearWeight& w) {
+  switch (w.fmt) {
+    case WeightFormat::kBF16: return static_cast<size_t>(w.rows * w.cols * 2);
+    case WeightFormat::kFP8Block: return static_cast<size_t>(w.rows * w.cols);
+    case WeightFormat::kFP4: return static_cast<size_t>(w.rows * w.cols / 2);
+  }
+  return 0;
+}
+size_t scale_bytes(const LinearWeight& w) {
+  switch (w.fmt) {
+    case WeightFormat::kBF16: return 0;
+    case WeightFormat::kFP8Block:
+      return static_cast<size_t>(((w.rows + w.block - 1) / w.block) * ((w.cols + w.block - 1) / w.block)) *
+             (w.scale_is_f32 ? 4 : 1);
+    case WeightFormat::kFP4: return static_cast<size_t>(w.rows * w.cols / 32);
+  }
+  return 0;
+}
+glue::WFormat glue_format(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBF16: return glue::WFormat::kBF16;
+    case WeightFormat::kFP8Block: return glue::WFormat::kFP8Block;
+    case WeightFormat::kFP4: return glue::WFormat::kFP4;
+  }
+  return glue::WFormat::kBF16;
+}
+}  // namespace
+
+bool gemv_applies(const DevLinear& w) {
+  return w.fmt != WeightFormat::kBF16 && w.rows % 16 == 0 && w.cols % 128 == 0;
+}
+
+cudalin::DevWeight DevLinear::row_block(int64_t row_begin, int64_t n) const {
+  cudalin::DevWeight r = d;
+  r.rows = n;
+  if (fmt == WeightFormat::kFP8Block) {
+    if (row_begin % g.block) fail("row block at ", row_begin, " is not aligned to the ", g.block, "-row scale tile");
+    r.w = d.w + row_begin * cols;
+    r.scale = d.scale + (row_begin / g.block) * ((cols + g.block - 1) / g.block) * (d.scale_is_f32 ? 4 : 1);
+  } else if (fmt == WeightFormat::kFP4) {
+    r.w = d.w + row_begin * (cols / 2);
+    r.scale = d.scale + row_begin * (cols / 32);
+  } else {
+    fail("row_block: BF16 weights have no cudalin view");
+  }
+  return r;
+}
+
+DeviceWeights::~DeviceWeights() {
+  for (void* p : allocs_) cudaFree(p);
+}
+
+const void* DeviceWeights::put(const void* host, size_t n) {
+  if (n == 0) return nullptr;
+  void* p = nullptr;
+  cuda::check(cudaMalloc(&p, n), "cudaMalloc (weights)");
+  allocs_.push_back(p);
+  cuda::check(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), "upload weights");
+  bytes += n;
+  if (progress_ && total_ > 0 && (allocs_.size() % 64 == 0 || bytes >= total_))
+    std::fprintf(stderr, "\rloading weights to the GPU: %zu / %zu MiB", bytes >> 20, total_ >> 20);
+  return p;
+}
+
+DevLinear DeviceWeights::put(const LinearWeight& w) {
+  DevLinear d;
+  d.fmt = w.fmt;
+  d.rows = w.rows;
+  d.cols = w.cols;
+  const uint8_t* wd = static_cast<const uint8_t*>(put(w.w, weight_bytes(w)));
+  const uint8_t* sd = static_cast<const uint8_t*>(put(w.scale, scale_bytes(w)));
+  d.g = glue::Weight{glue_format(w.fmt), w.rows, w.cols, wd, sd, w.scale_is_f32, w.block};
+  if (w.fmt != WeightFormat::kBF16) d.d = cudalin::DevWeight{w.fmt, w.rows, w.cols, wd, sd, w.scale_is_f32};
+  return d;
+}
+
+DevHc DeviceWeights::put(const HcWeights& h) { return DevHc{put(h.fn), put(h.base), put(h.scale)}; }
+
+DevCompressor DeviceWeights::put(const CompressorWeights& c) {
+  DevCompressor d;
+  d.ratio = c.ratio;
+  d.head = c.head;
+  d.wkv = put(c.wkv);
+  d.wgate = put(c.wgate);
+  d.ape = put(c.ape);
+  d.norm = put(c.norm);
+  return d;
+}
+
+void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool progress) {
+  progress_ = progress;
+  total_ = 0;
+  auto count = [&](const LinearWeight& l) { total_ += weight_bytes(l) + scale_bytes(l); };
+  count(w.embed);
+  count(w.head);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& L = w.layers[i];
+    for (const LinearWeight* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.gate}) count(*l);
+    for (const ExpertWeights& e : L.experts) count(e.w1), count(e.w2), count(e.w3);
+  }
+
+  if (w.embed.fmt != WeightFormat::kBF16) fail("GPU engine: embed.weight must be BF16");
+  embed = static_cast<const uint16_t*>(put(w.embed.w, weight_bytes(w.embed)));
+  head = put(w.head);
+  norm = put(w.norm);
+  hc_head = put(w.hc_head);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& L = w.layers[i];
+    DevLayer d;
+    d.attn_norm = put(L.attn_norm);
+    d.ffn_norm = put(L.ffn_norm);
+    d.attn_sink = put(L.attn_sink);
+    d.q_norm = put(L.q_norm);
+    d.kv_norm = put(L.kv_norm);
+    d.hc_attn = put(L.hc_attn);
+    d.hc_ffn = put(L.hc_ffn);
+    d.wq_a = put(L.wq_a);
+    d.wq_b = put(L.wq_b);
+    d.wkv = put(L.wkv);
+    d.wo_a = put(L.wo_a);
+    d.wo_b = put(L.wo_b);
+    if (L.ratio) d.comp = put(L.compressor);
+    if (L.kind == AttnKind::kCSA) {
+      d.index_comp = put(L.index_compressor);
+      d.index_wq_b = put(L.index_wq_b);
+      d.index_weights_proj = put(L.index_weights_proj);
+    }
+    d.gate = put(L.gate);
+    if (L.hash) d.tid2eid = static_cast<const int32_t*>(put(L.tid2eid.data(), L.tid2eid.size() * 4));
+    else d.gate_bias = put(L.gate_bias);
+    d.has_shared = L.has_shared;
+    if (L.has_shared) {
+      d.sh_w1 = put(L.shared.w1);
+      d.sh_w2 = put(L.shared.w2);
+      d.sh_w3 = put(L.shared.w3);
+    }
+    std::vector<cudalin::DevExpert> ex;
+    std::vector<glue::Expert> ex_exact;
+    for (const ExpertWeights& e : L.experts) {
+      DevLinear w1 = put(e.w1), w2 = put(e.w2), w3 = put(e.w3);
+      d.expert_fmt = e.w1.fmt;
+      ex.push_back({w1.g.w, w1.g.scale, w3.g.w, w3.g.scale, w2.g.w, w2.g.scale});
+      ex_exact.push_back({w1.g, w2.g, w3.g});
+    }
+    d.experts = static_cast<const cudalin::DevExpert*>(put(ex.data(), ex.size() * sizeof(ex[0])));
+    d.experts_exact = static_cast<const glue::Expert*>(put(ex_exact.data(), ex_exact.size() * sizeof(ex_exact[0])));
+    layers.push_back(d);
+  }
+  if (progress_) std::fprintf(stderr, "\n");
+}
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,83 @@
+// Every tensor of a checkpoint uploaded to the device in its shipped format (FP8 + UE8M0 tiles, MXFP4 +
+// scales, BF16, F32), copied straight from the safetensors mmap. Views for the two kernel families: the
+// weight-streaming GEMV/MoE kernels (cudalin) and the fp32-activation glue linear (glue).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/glue/glue.h"
+#include "backend/cuda/linear/linear_cuda.h"
+#include "model/weights.h"
+
+namespace dsv4::gpu {
+
+struct DevLinear {
+  WeightFormat fmt = WeightFormat::kBF16;
+  int64_t rows = 0, cols = 0;
+  glue::Weight g;         // any format, fp32 activations
+  cudalin::DevWeight d;   // FP8 / MXFP4 only, bf16 activations
+  // The rows [row_begin, row_begin + rows) as a weight of their own (FP8: row_begin a multiple of the tile).
+  cudalin::DevWeight row_block(int64_t row_begin, int64_t rows) const;
+};
+
+// Whether cudalin::gemv takes this weight (FP8/MXFP4, rows a multiple of 16, cols of 128).
+bool gemv_applies(const DevLinear& w);
+
+struct DevHc {
+  const float *fn = nullptr, *base = nullptr, *scale = nullptr;
+};
+
+struct DevCompressor {
+  int ratio = 0, head = 0;
+  DevLinear wkv, wgate;
+  const float *ape = nullptr, *norm = nullptr;
+};
+
+struct DevLayer {
+  const float *attn_norm = nullptr, *ffn_norm = nullptr, *attn_sink = nullptr, *q_norm = nullptr,
+              *kv_norm = nullptr;
+  DevHc hc_attn, hc_ffn;
+  DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  DevCompressor comp, index_comp;
+  DevLinear index_wq_b, index_weights_proj;
+  DevLinear gate;
+  const float* gate_bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  bool has_shared = false;
+  DevLinear sh_w1, sh_w2, sh_w3;
+  WeightFormat expert_fmt = WeightFormat::kFP4;
+  const cudalin::DevExpert* experts = nullptr;  // device array [n_experts] (MXFP4 experts only)
+  const glue::Expert* experts_exact = nullptr;  // device array [n_experts]
+};
+
+class DeviceWeights {
+ public:
+  DeviceWeights() = default;
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+  ~DeviceWeights();
+
+  // Uploads the main layers (MTP layers are not uploaded yet). Progress on stderr when `progress`.
+  void upload(const ModelWeights& w, const ModelConfig& c, bool progress);
+
+  const uint16_t* embed = nullptr;
+  DevLinear head;
+  const float* norm = nullptr;
+  DevHc hc_head;
+  std::vector<DevLayer> layers;
+  size_t bytes = 0;
+
+ private:
+  const void* put(const void* host, size_t n);
+  const float* put(const std::vector<float>& v) { return static_cast<const float*>(put(v.data(), v.size() * 4)); }
+  DevLinear put(const LinearWeight& w);
+  DevHc put(const HcWeights& h);
+  DevCompressor put(const CompressorWeights& c);
+
+  std::vector<void*> allocs_;
+  size_t total_ = 0;
+  bool progress_ = false;
+};
+
+}  // namespace dsv4::gpu

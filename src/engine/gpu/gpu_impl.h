@@ -1,0 +1,76 @@
+// Internals of GpuModel shared by gpu_model.cc (load, batching into steps) and gpu_layer.cc (one step's
+// forward): device weights and state, per-step metadata and scratch buffers sized for max_seqs tokens.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/linear/linear_cuda.h"
+#include "engine/gpu/device_state.h"
+#include "engine/gpu/device_weights.h"
+#include "engine/gpu/gpu_model.h"
+
+namespace dsv4::gpu {
+
+// Per-token metadata of one step, uploaded once per step. Ratio index ri: 0 window, 1 ratio 4, 2 ratio 128.
+struct StepMeta {
+  enum I64 { kPos, kBase0, kBase1, kBase2, kRing0, kRing1, kRing2, kEntry0, kEntry1, kEntry2, kKeyBase, kKeyFirst, kN64 };
+  enum I32 { kTokens, kSeqFirst, kSeqCount, kStateSlot, kVis4, kVis128, kN32 };
+  int cap = 0;
+  int64_t* h64 = nullptr;  // pinned [kN64, cap]
+  int32_t* h32 = nullptr;  // pinned [kN32, cap]
+  int64_t* d64 = nullptr;
+  int32_t* d32 = nullptr;
+  int64_t max_vis4 = 0, max_vis128 = 0;
+  const int64_t* dev(I64 a) const { return d64 + static_cast<int64_t>(a) * cap; }
+  const int32_t* dev(I32 a) const { return d32 + static_cast<int64_t>(a) * cap; }
+  int64_t& host(I64 a, int t) { return h64[static_cast<int64_t>(a) * cap + t]; }
+  int32_t& host(I32 a, int t) { return h32[static_cast<int64_t>(a) * cap + t]; }
+};
+
+struct Scratch {
+  float *h, *res, *x, *y, *post, *comb, *qr, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
+      *wts, *shg, *shu, *shh, *hexact, *logits;
+  uint16_t* xb;
+  int32_t *idx, *sel, *slots;
+  void *hc_ws, *attn_ws;
+  int64_t score_cols = 0, max_slots = 0;
+  float* logits_host = nullptr;  // pinned [cap, vocab]
+};
+
+struct GpuModel::Impl {
+  const ModelConfig* c = nullptr;
+  GpuOptions opt;
+  cudaStream_t stream = nullptr;
+  DeviceWeights w;
+  std::unique_ptr<DeviceState> st;
+  const float *freq_window = nullptr, *freq_comp = nullptr;
+  int n_freq = 0;
+  StepMeta meta;
+  Scratch s{};
+  cudalin::Workspace ws{};
+  cudalin::MoeWorkspace moe_ws{};
+  bool moe_kernel_ok = false;
+  std::vector<void*> dev_allocs, host_allocs;
+
+  ~Impl();
+  void* dalloc(size_t bytes);
+  void* halloc(size_t bytes);
+  void alloc_scratch();
+
+  // Fills and uploads the metadata of one step (token t of the step: its token, position and slot).
+  void set_step(const std::vector<int32_t>& tokens, const std::vector<int64_t>& pos, const std::vector<int>& slots);
+  // Embedding, all layers, hc_head, norm, LM head: logits [T, vocab] in s.logits.
+  void run_step(int T);
+
+ private:
+  void layer(int li, int T);
+  void attention(int li, int T);
+  void ffn(int li, int T);
+  // y = x · Wᵀ: the weight-streaming GEMV (bf16 activations) where it applies, else the fp32 glue linear.
+  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
+  bool use_gemv(const DevLinear& wt) const;
+};
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,245 @@
+// One decode step of the GPU forward: the block loop of engine/forward.cc and the attention sub-layer of
+// engine/attention.cc, operation for operation, on device buffers. T tokens, one per sequence.
+#include <cmath>
+
+#include "backend/cuda/glue/glue.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_compressor_mhc.h"
+#include "engine/gpu/gpu_impl.h"
+
+namespace dsv4::gpu {
+
+namespace {
+int ratio_index(int r) { return r == 0 ? 0 : r == 4 ? 1 : 2; }
+}  // namespace
+
+bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
+  return !opt.exact_linear && gemv_applies(wt);
+}
+
+void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy) {
+  if (!use_gemv(wt)) {
+    glue::linear(wt.g, 0, wt.rows, x, T, ldx, y, ldy, stream);
+    return;
+  }
+  cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
+  cudalin::gemv(wt.d, s.xb, ldx, T, y, ldy, ws, stream);
+}
+
+void GpuModel::Impl::attention(int li, int T) {
+  const DevLayer& L = w.layers[li];
+  const LayerPools& P = st->layers[li];
+  const int r = P.ratio, ri = ratio_index(r);
+  const AttnKind kind = c->attn_kind(li);
+  const int64_t D = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, qlr = c->q_lora_rank;
+  const int W = c->sliding_window;
+  const float eps = static_cast<float>(c->rms_norm_eps);
+  const float* freq = r ? freq_comp : freq_window;
+  const int64_t* pos = meta.dev(StepMeta::kPos);
+
+  // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
+  lin(L.wq_a, s.x, D, T, s.qr, qlr);
+  glue::rmsnorm_rows(s.qr, qlr, L.q_norm, T, qlr, eps, s.qr, qlr, stream);
+  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd);
+  glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
+
+  // The window row of each token, encoded into its ring slot (the query reads it back from there).
+  lin(L.wkv, s.x, D, T, s.kv, hd);
+  glue::rmsnorm_rows(s.kv, hd, L.kv_norm, T, hd, eps, s.kv, hd, stream);
+  glue::heads_norm_rope(s.kv, T, 1, static_cast<int>(hd), pos, freq, n_freq, false, eps, false, stream);
+  glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
+                  static_cast<int64_t>(st->row_bytes), meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)),
+                  stream);
+
+  // Compressed entries closed by these tokens go to rows W + j before attention reads them.
+  auto compress = [&](const DevCompressor& C, float* kvbuf, float* gbuf, float* state, uint8_t* out,
+                      int64_t out_row_bytes, const int64_t* out_first, int rope_dims, int scale_block) {
+    const int64_t width = C.wkv.rows;
+    glue::linear(C.wkv.g, 0, width, s.x, T, D, kvbuf, width, stream);
+    glue::linear(C.wgate.g, 0, width, s.x, T, D, gbuf, width, stream);
+    cuda::CompressorArgs a;
+    a.ratio = C.ratio;
+    a.head = C.head;
+    a.kv = kvbuf;
+    a.gate = gbuf;
+    a.row_stride = width;
+    a.ape = C.ape;
+    a.norm = C.norm;
+    a.eps = eps;
+    a.inv_freq = freq;
+    a.n_freq = n_freq;
+    a.n_seqs = T;
+    a.seq_first = meta.dev(StepMeta::kSeqFirst);
+    a.seq_count = meta.dev(StepMeta::kSeqCount);
+    a.seq_start = pos;
+    a.max_count = 1;
+    a.state = state;
+    a.state_slot = meta.dev(StepMeta::kStateSlot);
+    a.out = out;
+    a.out_row_bytes = out_row_bytes;
+    a.out_first = out_first;
+    a.format = st->format;
+    a.fp8_rope_dims = rope_dims;
+    a.fp8_scale_block = scale_block;
+    cuda::compressor(a, stream);
+  };
+  if (r)
+    compress(L.comp, s.ckv, s.cg, P.comp_state, P.kv, static_cast<int64_t>(st->row_bytes),
+             meta.dev(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri)), c->rope_head_dim, 64);
+
+  const int topk = c->index_topk;
+  if (kind == AttnKind::kCSA) {
+    const int IH = c->index_n_heads, Id = c->index_head_dim;
+    compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
+             meta.dev(StepMeta::kKeyFirst), 0, Id);
+    lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id);
+    glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
+    glue::linear(L.index_weights_proj.g, 0, IH, s.x, T, D, s.iw, IH, stream);
+    glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
+    const int64_t n_cols = std::max<int64_t>(1, meta.max_vis4);
+    const int32_t* vis = meta.dev(StepMeta::kVis4);
+    if (st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim) {
+      // The FP8 indexer kernel reads one key array per call: one call per sequence.
+      for (int t = 0; t < T; ++t) {
+        cuda::IndexerArgs ia;
+        ia.q = s.iq + static_cast<int64_t>(t) * IH * Id;
+        ia.w = s.iw + static_cast<int64_t>(t) * IH;
+        ia.keys = P.index_keys + meta.host(StepMeta::kKeyBase, t) * static_cast<int64_t>(st->index_row_bytes);
+        ia.n_keys = n_cols;
+        ia.row_bytes = static_cast<int64_t>(st->index_row_bytes);
+        ia.n_visible = vis + t;
+        ia.scores = s.scores + t * n_cols;
+        ia.score_stride = n_cols;
+        ia.n_queries = 1;
+        cuda::indexer_scores_fp8(ia, stream);
+      }
+    } else {
+      glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
+                           st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
+    }
+    cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
+  }
+
+  // Slot lists over the layer's pool, sparse attention with sinks, inverse RoPE.
+  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.max_vis128) : 0;
+  const int n_slots = W + extra;
+  glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W,
+                    kind == AttnKind::kCSA ? 1 : kind == AttnKind::kHCA ? 2 : 0, r, s.sel, topk, n_slots, s.slots,
+                    stream);
+  cuda::SparseAttentionArgs sa;
+  sa.q = s.q;
+  sa.kv = P.kv;
+  sa.n_rows = P.rows_per_seq * st->max_seqs;
+  sa.row_bytes = static_cast<int64_t>(st->row_bytes);
+  sa.format = st->format;
+  sa.slots = s.slots;
+  sa.n_slots = n_slots;
+  sa.sink = L.attn_sink;
+  sa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  sa.out = s.o;
+  sa.n_queries = T;
+  sa.workspace = s.attn_ws;
+  cuda::sparse_attention(sa, stream);
+  glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream);
+
+  // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z.
+  const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
+  const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(DevLinear{L.wo_a.fmt, olr, gin, {}, {}});
+  if (grouped_gemv) cudalin::cast_f32_to_bf16(s.o, s.xb, T * H * hd, stream);
+  for (int64_t g = 0; g < G; ++g) {
+    if (grouped_gemv)
+      cudalin::gemv(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr, ws, stream);
+    else
+      glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
+  }
+  lin(L.wo_b, s.z, G * olr, T, s.y, D);
+}
+
+void GpuModel::Impl::ffn(int li, int T) {
+  const DevLayer& L = w.layers[li];
+  const int64_t D = c->hidden_size;
+  const int E = c->n_routed_experts, K = c->num_experts_per_tok;
+  const int64_t I = c->moe_intermediate_size;
+  const float limit = static_cast<float>(c->swiglu_limit);
+  const int sf = c->scoring_func == ScoreFunc::kSqrtSoftplus ? 0 : c->scoring_func == ScoreFunc::kSigmoid ? 1 : 2;
+
+  glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
+  glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
+              static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
+  bool accumulate = false;
+  if (L.has_shared) {
+    const int64_t Is = L.sh_w1.rows;
+    lin(L.sh_w1, s.x, D, T, s.shg, Is);
+    lin(L.sh_w3, s.x, D, T, s.shu, Is);
+    glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
+    lin(L.sh_w2, s.shh, Is, T, s.y, D);
+    accumulate = true;
+  }
+  if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
+    cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
+    cudalin::cast_f32_to_bf16(s.x, s.xb, T * D, stream);
+    cudalin::moe_decode(shape, L.experts, s.xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream);
+  } else {
+    glue::moe_exact(L.experts_exact, D, I, K, limit, s.x, s.idx, s.wts, T, s.hexact, s.y, accumulate, stream);
+  }
+}
+
+void GpuModel::Impl::layer(int li, int T) {
+  const DevLayer& L = w.layers[li];
+  const int64_t D = c->hidden_size;
+  const int n = c->hc_mult;
+  const float eps = static_cast<float>(c->rms_norm_eps);
+  auto pre = [&](const DevHc& hw, const float* norm_w) {
+    cuda::HcArgs a;
+    a.n_tokens = T;
+    a.dim = D;
+    a.n = n;
+    a.h = s.h;
+    a.fn = hw.fn;
+    a.base = hw.base;
+    a.scale = hw.scale;
+    a.sinkhorn_iters = c->hc_sinkhorn_iters;
+    a.hc_eps = static_cast<float>(c->hc_eps);
+    a.norm_eps = eps;
+    a.x = s.x;
+    a.post = s.post;
+    a.comb = s.comb;
+    a.workspace = s.hc_ws;
+    cuda::hc_pre(a, stream);
+    glue::rmsnorm_rows(s.x, D, norm_w, T, D, eps, s.x, D, stream);
+  };
+  auto post = [&]() {
+    cuda::check(cudaMemcpyAsync(s.res, s.h, sizeof(float) * T * n * D, cudaMemcpyDeviceToDevice, stream), "copy h");
+    cuda::hc_post(T, D, n, s.y, s.res, s.post, s.comb, s.h, stream);
+  };
+  pre(L.hc_attn, L.attn_norm);
+  attention(li, T);
+  post();
+  pre(L.hc_ffn, L.ffn_norm);
+  ffn(li, T);
+  post();
+}
+
+void GpuModel::Impl::run_step(int T) {
+  const int64_t D = c->hidden_size;
+  glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, s.h, stream);
+  for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);
+  cuda::HcArgs a;
+  a.n_tokens = T;
+  a.dim = D;
+  a.n = c->hc_mult;
+  a.h = s.h;
+  a.fn = w.hc_head.fn;
+  a.base = w.hc_head.base;
+  a.scale = w.hc_head.scale;
+  a.sinkhorn_iters = c->hc_sinkhorn_iters;
+  a.hc_eps = static_cast<float>(c->hc_eps);
+  a.norm_eps = static_cast<float>(c->rms_norm_eps);
+  a.x = s.y;
+  a.workspace = s.hc_ws;
+  cuda::hc_head(a, stream);
+  glue::rmsnorm_rows(s.y, D, w.norm, T, D, static_cast<float>(c->rms_norm_eps), s.y, D, stream);
+  glue::linear(w.head.g, 0, c->vocab_size, s.y, T, D, s.logits, c->vocab_size, stream);
+}
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,263 @@
+// GpuModel: loading (memory check, weight upload, state), sequence slots, and the batch -> decode steps loop.
+#include "engine/gpu/gpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "backend/cpu/norm_rope.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_compressor_mhc.h"
+#include "core/error.h"
+#include "engine/gpu/gpu_impl.h"
+#include "engine/memory_plan.h"
+
+namespace dsv4::gpu {
+
+GpuSequence::~GpuSequence() {
+  if (pool_ && slot_ >= 0) pool_->free.push_back(slot_);
+}
+
+GpuModel::Impl::~Impl() {
+  if (stream) cudaStreamSynchronize(stream);
+  cudalin::workspace_destroy(ws);
+  if (moe_ws.meta) cudalin::moe_workspace_destroy(moe_ws);
+  for (void* p : dev_allocs) cudaFree(p);
+  for (void* p : host_allocs) cudaFreeHost(p);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void* GpuModel::Impl::dalloc(size_t bytes) {
+  void* p = nullptr;
+  cuda::check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc (scratch)");
+  dev_allocs.push_back(p);
+  if (opt.poison) cuda::check(cudaMemset(p, 0xff, std::max<size_t>(bytes, 16)), "poison scratch");
+  return p;
+}
+
+void* GpuModel::Impl::halloc(size_t bytes) {
+  void* p = nullptr;
+  cuda::check(cudaMallocHost(&p, std::max<size_t>(bytes, 16)), "cudaMallocHost");
+  host_allocs.push_back(p);
+  return p;
+}
+
+void GpuModel::Impl::alloc_scratch() {
+  const int64_t T = opt.max_seqs, D = c->hidden_size, n = c->hc_mult, H = c->num_attention_heads, hd = c->head_dim;
+  const int64_t qlr = c->q_lora_rank, IH = std::max(1, c->index_n_heads), Id = std::max(1, c->index_head_dim);
+  const int64_t E = c->n_routed_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+  const int64_t G = c->o_groups, olr = c->o_lora_rank, V = c->vocab_size;
+  int64_t Is = 1;
+  for (const DevLayer& L : w.layers)
+    if (L.has_shared) Is = std::max(Is, L.sh_w1.rows);
+  auto f = [&](int64_t count) { return static_cast<float*>(dalloc(sizeof(float) * count)); };
+  s.h = f(T * n * D);
+  s.res = f(T * n * D);
+  s.x = f(T * D);
+  s.y = f(T * D);
+  s.post = f(T * n);
+  s.comb = f(T * n * n);
+  s.qr = f(T * qlr);
+  s.q = f(T * H * hd);
+  s.kv = f(T * hd);
+  s.ckv = f(T * 2 * hd);
+  s.cg = f(T * 2 * hd);
+  s.ick = f(T * 2 * Id);
+  s.icg = f(T * 2 * Id);
+  s.iq = f(T * IH * Id);
+  s.iw = f(T * IH);
+  s.score_cols = std::max<int64_t>(1, opt.max_model_len / 4);
+  s.scores = f(T * s.score_cols);
+  s.o = f(T * H * hd);
+  s.z = f(T * G * olr);
+  s.router = f(T * E);
+  s.wts = f(T * K);
+  s.shg = f(T * Is);
+  s.shu = f(T * Is);
+  s.shh = f(T * Is);
+  s.hexact = f(T * K * I);
+  s.logits = f(T * V);
+  const int64_t widest = std::max({D, qlr, H * hd, G * olr, Is, I});
+  s.xb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
+  s.idx = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * K));
+  s.sel = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * std::max(1, c->index_topk)));
+  s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);
+  s.slots = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * s.max_slots));
+  s.hc_ws = dalloc(cuda::hc_workspace_bytes(static_cast<int>(T), D));
+  s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
+  s.logits_host = static_cast<float*>(halloc(sizeof(float) * T * V));
+
+  meta.cap = static_cast<int>(T);
+  meta.h64 = static_cast<int64_t*>(halloc(sizeof(int64_t) * StepMeta::kN64 * T));
+  meta.h32 = static_cast<int32_t*>(halloc(sizeof(int32_t) * StepMeta::kN32 * T));
+  meta.d64 = static_cast<int64_t*>(dalloc(sizeof(int64_t) * StepMeta::kN64 * T));
+  meta.d32 = static_cast<int32_t*>(dalloc(sizeof(int32_t) * StepMeta::kN32 * T));
+
+  ws = cudalin::workspace_create();
+  moe_kernel_ok = D % 128 == 0 && I % 128 == 0 && D <= 4096 && I <= 4096 && E <= 1024;
+  if (moe_kernel_ok) moe_ws = cudalin::moe_workspace_create(
+      cudalin::MoeShape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),
+                        static_cast<float>(c->swiglu_limit)},
+      static_cast<int>(T));
+}
+
+void GpuModel::Impl::set_step(const std::vector<int32_t>& tokens, const std::vector<int64_t>& pos,
+                              const std::vector<int>& slots) {
+  const int T = static_cast<int>(tokens.size());
+  const int64_t W = c->sliding_window, L = opt.max_model_len;
+  const int ratios[3] = {0, 4, 128};
+  meta.max_vis4 = meta.max_vis128 = 0;
+  for (int t = 0; t < T; ++t) {
+    const int64_t p = pos[t], slot = slots[t];
+    meta.host(StepMeta::kPos, t) = p;
+    for (int ri = 0; ri < 3; ++ri) {
+      const int r = ratios[ri];
+      const int64_t base = slot * (W + (r ? L / r : 0));
+      meta.host(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri), t) = base;
+      meta.host(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri), t) = base + p % W;
+      meta.host(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri), t) = base + W + (r ? p / r : 0);
+    }
+    meta.host(StepMeta::kKeyBase, t) = slot * (L / 4);
+    meta.host(StepMeta::kKeyFirst, t) = slot * (L / 4) + p / 4;
+    meta.host(StepMeta::kTokens, t) = tokens[t];
+    meta.host(StepMeta::kSeqFirst, t) = t;
+    meta.host(StepMeta::kSeqCount, t) = 1;
+    meta.host(StepMeta::kStateSlot, t) = static_cast<int32_t>(slot);
+    meta.host(StepMeta::kVis4, t) = static_cast<int32_t>((p + 1) / 4);
+    meta.host(StepMeta::kVis128, t) = static_cast<int32_t>((p + 1) / 128);
+    meta.max_vis4 = std::max<int64_t>(meta.max_vis4, (p + 1) / 4);
+    meta.max_vis128 = std::max<int64_t>(meta.max_vis128, (p + 1) / 128);
+  }
+  cuda::check(cudaMemcpyAsync(meta.d64, meta.h64, sizeof(int64_t) * StepMeta::kN64 * meta.cap,
+                              cudaMemcpyHostToDevice, stream), "upload step metadata");
+  cuda::check(cudaMemcpyAsync(meta.d32, meta.h32, sizeof(int32_t) * StepMeta::kN32 * meta.cap,
+                              cudaMemcpyHostToDevice, stream), "upload step metadata");
+}
+
+std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOptions& opt) {
+  if (opt.max_seqs < 1 || opt.max_seqs > 64) fail("GPU engine: max_seqs must be in 1..64 (got ", opt.max_seqs, ")");
+  if (opt.max_model_len < 1) fail("GPU engine: max_model_len must be >= 1");
+  std::unique_ptr<GpuModel> m(new GpuModel());
+  m->opt_ = opt;
+  EngineOptions eo;
+  eo.kv_dtype = opt.kv_dtype;
+  m->host_ = Model::load(dir, eo);
+  const ModelConfig& c = m->host_->config();
+  // Shapes the kernels are specialized for (docs/GPU_ENGINE.md).
+  if (c.num_attention_heads != cuda::kAttnHeads || c.head_dim != cuda::kAttnDim || c.rope_head_dim != 64)
+    fail("GPU engine: the attention kernel needs 64 heads x 512 head_dim with 64 RoPE dims; ", c.source, " has ",
+         c.num_attention_heads, " x ", c.head_dim, " (rope ", c.rope_head_dim, ")");
+  if (c.hc_mult != 4 || c.hidden_size % 32 != 0 || c.hidden_size > 7168)
+    fail("GPU engine: mHC kernels need hc_mult 4 and hidden_size a multiple of 32 up to 7168");
+  bool any_csa = false;
+  for (int i = 0; i < c.num_hidden_layers; ++i) any_csa |= c.attn_kind(i) == AttnKind::kCSA;
+  if (any_csa && c.index_head_dim != 128)
+    fail("GPU engine: the compressor kernel needs index_head_dim 128 (got ", c.index_head_dim, ")");
+  if (any_csa && (c.index_topk < 1 || c.index_topk > 2048)) fail("GPU engine: index_topk must be in 1..2048");
+  if (c.num_experts_per_tok > 16) fail("GPU engine: num_experts_per_tok above 16 is not supported");
+
+  const cuda::DeviceConfig& dc = cuda::device_config();
+  cudalin::require_supported_device();
+  size_t free_b = 0, total_b = 0;
+  cuda::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  cudaDeviceProp prop{};
+  cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  check_fits(plan_memory(*m->host_), opt.max_model_len, opt.max_seqs, free_b,
+             std::string(prop.name) + " (" + dc.arch + ", free memory)");
+
+  m->impl_ = std::make_unique<Impl>();
+  Impl& im = *m->impl_;
+  im.c = &m->host_->config();
+  im.opt = opt;
+  cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  im.w.upload(m->host_->weights(), c, opt.progress);
+  im.st = std::make_unique<DeviceState>(c, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison);
+  const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
+  im.n_freq = static_cast<int>(fw.size());
+  auto up = [&](const std::vector<float>& v) {
+    float* p = static_cast<float*>(im.dalloc(v.size() * sizeof(float)));
+    cuda::check(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "upload rope");
+    return p;
+  };
+  im.freq_window = up(fw);
+  im.freq_comp = up(fc);
+  im.alloc_scratch();
+  cuda::check(cudaDeviceSynchronize(), "GPU engine load");
+  return m;
+}
+
+GpuModel::~GpuModel() = default;
+
+size_t GpuModel::weight_bytes() const { return impl_->w.bytes; }
+size_t GpuModel::state_bytes() const { return impl_->st->bytes; }
+
+std::unique_ptr<GpuSequence> GpuModel::new_sequence() {
+  auto& pool = impl_->st->slots;
+  if (pool->free.empty()) fail("GPU engine: all ", opt_.max_seqs, " sequence slots are in use (max_seqs)");
+  std::unique_ptr<GpuSequence> s(new GpuSequence());
+  s->pool_ = pool;
+  s->slot_ = pool->free.back();
+  pool->free.pop_back();
+  return s;
+}
+
+std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
+  const ModelConfig& c = config();
+  const int64_t V = c.vocab_size;
+  Impl& im = *impl_;
+  // Validate everything before any state changes.
+  if (static_cast<int>(batch.size()) > opt_.max_seqs)
+    fail("GPU forward: ", batch.size(), " sequences in one batch; at most max_seqs = ", opt_.max_seqs);
+  std::set<const GpuSequence*> seen;
+  int64_t steps = 0;
+  for (const GpuSeqChunk& ch : batch) {
+    if (!ch.seq || ch.seq->slot_ < 0) fail("GPU forward: chunk without a sequence");
+    if (ch.tokens.empty()) fail("GPU forward: empty chunk");
+    if (!seen.insert(ch.seq).second) fail("GPU forward: a sequence appears twice in one batch");
+    if (ch.seq->length + static_cast<int64_t>(ch.tokens.size()) > opt_.max_model_len)
+      fail("GPU forward: sequence would reach ", ch.seq->length + ch.tokens.size(), " tokens; max_model_len is ",
+           opt_.max_model_len);
+    for (size_t i = 0; i < ch.tokens.size(); ++i)
+      if (ch.tokens[i] < 0 || ch.tokens[i] >= V)
+        fail("token id ", ch.tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
+    steps = std::max<int64_t>(steps, static_cast<int64_t>(ch.tokens.size()));
+  }
+  std::vector<ChunkOutput> out(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    out[b].rows = batch[b].all_logits ? static_cast<int64_t>(batch[b].tokens.size()) : 1;
+    out[b].logits.resize(out[b].rows * V);
+  }
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> pos;
+  std::vector<int> slots;
+  std::vector<size_t> which;
+  for (int64_t i = 0; i < steps; ++i) {
+    tokens.clear(), pos.clear(), slots.clear(), which.clear();
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const GpuSeqChunk& ch = batch[b];
+      if (i >= static_cast<int64_t>(ch.tokens.size())) continue;
+      tokens.push_back(ch.tokens[i]);
+      pos.push_back(ch.seq->length + i);
+      slots.push_back(ch.seq->slot_);
+      which.push_back(b);
+    }
+    const int T = static_cast<int>(tokens.size());
+    im.set_step(tokens, pos, slots);
+    im.run_step(T);
+    cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * T * V, cudaMemcpyDeviceToHost,
+                                im.stream), "download logits");
+    cuda::check(cudaStreamSynchronize(im.stream), "GPU forward step");
+    for (int t = 0; t < T; ++t) {
+      const size_t b = which[t];
+      const int64_t count = static_cast<int64_t>(batch[b].tokens.size());
+      if (!batch[b].all_logits && i != count - 1) continue;
+      const int64_t row = batch[b].all_logits ? i : 0;
+      std::memcpy(out[b].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(t) * V, sizeof(float) * V);
+    }
+  }
+  for (GpuSeqChunk& ch : batch) ch.seq->length += static_cast<int64_t>(ch.tokens.size());
+  return out;
+}
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,79 @@
+// The GPU backend of the engine: the same forward as Model::forward (engine/forward.cc, attention.cc) over
+// device weights and device sequence state, with the kernels of src/backend/cuda/ and the glue kernels of
+// src/backend/cuda/glue/. See docs/GPU_ENGINE.md.
+//
+// A batch is processed as decode steps: step i runs the i-th new token of every chunk that has one (one
+// token per sequence per step, at most max_seqs tokens), so a prompt is prefilled token by token. The result
+// does not depend on how a sequence's tokens were split into chunks or batched with others.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace dsv4::gpu {
+
+struct GpuOptions {
+  KvDtype kv_dtype = KvDtype::kBF16;
+  int max_seqs = 4;                // sequences held at once = most tokens per step (1..64)
+  int64_t max_model_len = 4096;    // positions per sequence
+  // Every linear layer and the routed experts in fp32 activations through the glue kernels (slow; for
+  // checking the engine against the CPU without the bf16 activation rounding of the GEMV kernels).
+  bool exact_linear = false;
+  bool exact_moe = false;          // only the routed experts through the fp32 glue (implied by exact_linear)
+  bool progress = false;           // weight upload progress on stderr
+  bool poison = true;              // fill state and scratch with NaN bytes before first use
+};
+
+struct SlotPool;
+
+class GpuSequence {
+ public:
+  ~GpuSequence();
+  int64_t length = 0;  // tokens processed
+  int slot() const { return slot_; }
+
+ private:
+  friend class GpuModel;
+  std::shared_ptr<SlotPool> pool_;
+  int slot_ = -1;
+};
+
+struct GpuSeqChunk {
+  GpuSequence* seq = nullptr;
+  std::vector<int32_t> tokens;  // at positions seq->length, seq->length + 1, ...
+  bool all_logits = false;      // logits for every new token (else only for the last one)
+};
+
+class GpuModel {
+ public:
+  // Loads the checkpoint, checks the memory plan against the device's free memory (refuses with
+  // dsv4::Error naming needed and available bytes), uploads the weights and allocates the state.
+  static std::unique_ptr<GpuModel> load(const std::string& dir, const GpuOptions& opt = {});
+  ~GpuModel();
+
+  const ModelConfig& config() const { return host_->config(); }
+  const GpuOptions& options() const { return opt_; }
+  size_t weight_bytes() const;
+  size_t state_bytes() const;
+
+  // A new sequence in a free slot; throws when all max_seqs slots are taken.
+  std::unique_ptr<GpuSequence> new_sequence();
+
+  // Same contract as Model::forward (keep_streams is not supported yet). Logits rows are fp32 [rows, vocab].
+  std::vector<ChunkOutput> forward(std::vector<GpuSeqChunk>& batch);
+
+  struct Impl;
+
+ private:
+  GpuModel() = default;
+  std::unique_ptr<Model> host_;  // checkpoint mmap, bound weights, config
+  GpuOptions opt_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4::gpu
