@@ -11,19 +11,12 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "gpu_available.h"
 #include "core/error.h"
 
 namespace dsv4::cuda_test {
 
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define DSV4_REQUIRE_GPU()                                                     \
-  do {                                                                         \
-    if (!::dsv4::cuda_test::have_gpu()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
+using ::dsv4::testing::have_gpu;
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
 

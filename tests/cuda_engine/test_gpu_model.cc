@@ -27,15 +27,13 @@
 #include "core/error.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
+#include "gpu_available.h"
 #include "model/random_checkpoint.h"
 
 namespace dsv4 {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using ::dsv4::testing::have_gpu;
 
 // Layers: 0 window + hash routing, 1 CSA, 2 HCA, 3 CSA. Window 64 so rings wrap; index_topk 16 so the
 // indexer selects among up to ~100 entries; 128-token HCA blocks close three times in the longer sequence.
@@ -198,7 +196,7 @@ std::map<std::pair<int, KvDtype>, std::vector<GreedyRun>> GpuEngine::cpu_;
 // the CPU, each ~1e-7 relative per operation (the attention and compressor kernels are tested to 1e-4 and
 // 2e-5 of their references); 5e-4 leaves room for the growth through 4 layers and the softmaxes.
 TEST_F(GpuEngine, ExactModeF32KvMatchesCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kF32;
   o.max_seqs = 2;
@@ -210,7 +208,7 @@ TEST_F(GpuEngine, ExactModeF32KvMatchesCpu) {
 // Exact mode on the continuous model (2 experts, top-k 128 >= every visible entry count): separates a fault
 // in the kernel path from one in this configuration's plumbing (a top-k that keeps everything, -1 slots).
 TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kF32;
   o.max_seqs = 2;
@@ -228,7 +226,7 @@ TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
 // kernel included). Rounding to the KV format is discontinuous, but GPU and CPU round the same fp32 values,
 // which differ by ~1e-7; a flip to the neighbouring code needs a value within 1e-7 of a rounding boundary.
 TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   for (KvDtype kv : {KvDtype::kBF16, KvDtype::kFP8}) {
     gpu::GpuOptions o;
     o.kv_dtype = kv;
@@ -253,7 +251,7 @@ TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
 // bound 2e-2 allows 3x on top. Discrete choices (router top-k, indexer top-k, greedy argmax) can flip only
 // on near ties; the greedy check requires that none flipped.
 TEST_F(GpuEngine, KernelsF32KvMatchCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kF32;
   o.max_seqs = 2;
@@ -263,7 +261,7 @@ TEST_F(GpuEngine, KernelsF32KvMatchCpu) {
 
 // Dense FP8 GEMV kernels only (routed experts through the fp32 glue): isolates the MoE kernel's share.
 TEST_F(GpuEngine, DenseKernelsF32KvMatchCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kF32;
   o.max_seqs = 2;
@@ -274,7 +272,7 @@ TEST_F(GpuEngine, DenseKernelsF32KvMatchCpu) {
 }
 
 TEST_F(GpuEngine, KernelsBf16KvMatchCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kBF16;
   o.max_seqs = 2;
@@ -288,7 +286,7 @@ TEST_F(GpuEngine, KernelsBf16KvMatchCpu) {
 // the neighbouring code with probability ~1e-3 / 2^-4 per value; the error bound is the same 2e-2 but the
 // greedy check is the real test here.
 TEST_F(GpuEngine, KernelsFp8KvMatchCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kFP8;
   o.max_seqs = 2;
@@ -297,7 +295,7 @@ TEST_F(GpuEngine, KernelsFp8KvMatchCpu) {
 }
 
 TEST_F(GpuEngine, RefusesWhenTooLarge) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;
   o.max_seqs = 64;
   o.max_model_len = int64_t(1) << 40;
@@ -311,7 +309,7 @@ TEST_F(GpuEngine, RefusesWhenTooLarge) {
 
 // Decode throughput of this small test model (not a performance claim: 4 layers, hidden 512).
 TEST_F(GpuEngine, DecodeThroughputSmallModel) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   for (int batch : {1, 2}) {
     gpu::GpuOptions o;
     o.kv_dtype = KvDtype::kFP8;

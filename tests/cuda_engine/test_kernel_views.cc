@@ -15,15 +15,13 @@
 #include "core/numerics.h"
 #include "engine/gpu/device_weights.h"
 #include "engine/model.h"
+#include "gpu_available.h"
 #include "model/random_checkpoint.h"
 
 namespace dsv4 {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using ::dsv4::testing::have_gpu;
 
 extern const char* kViewConfig;
 const char* kViewConfig = R"({
@@ -66,7 +64,7 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  DSV4_REQUIRE_GPU();
   const std::string dir = (std::filesystem::temp_directory_path() / "dsv4_gpu_views").string();
   RandomCheckpointOptions ro;
   ro.seed = 3;

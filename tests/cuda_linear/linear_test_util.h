@@ -15,18 +15,12 @@
 #include "backend/cpu/linear.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "core/numerics.h"
+#include "gpu_available.h"
 #include "model/weights.h"
 
 namespace dsv4::lintest {
 
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define DSV4_LIN_REQUIRE_GPU() \
-  do {                          \
-    if (!::dsv4::lintest::have_gpu()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
+using ::dsv4::testing::have_gpu;
 
 inline void ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {

@@ -69,26 +69,26 @@ void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts,
 const std::vector<int> kTs = {1, 2, 7, 8, 9, 16, 23, 33, 64};
 
 TEST(CudaGemv, Fp8Ue8m0) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(Kind::kFp8, 2048, 4096, kTs, 1);  // K split across blocks
   run_case(Kind::kFp8, 4096, 1024, kTs, 2);
   run_case(Kind::kFp8, 256, 512, kTs, 3);    // fewer chunks than warps
 }
 
 TEST(CudaGemv, Fp8F32Scales) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(Kind::kFp8F32, 1024, 2048, {1, 9, 64}, 4);
 }
 
 TEST(CudaGemv, Mxfp4) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(Kind::kFp4, 2048, 4096, kTs, 5);
   run_case(Kind::kFp4, 4096, 2048, kTs, 6);
   run_case(Kind::kFp4, 384, 1024, kTs, 7);
 }
 
 TEST(CudaGemv, RejectsUnsupportedShapes) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   cudalin::Workspace ws = cudalin::workspace_create(1024, 16);
   DevBuf<uint8_t> w(4096), s(64);
   DevBuf<uint16_t> x(4096);

@@ -163,27 +163,27 @@ cudalin::MoeShape small_shape() {
 }
 
 TEST(CudaMoeDecode, RandomRoutes) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   for (int T : {1, 3, 8, 17, 64}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 10 + T);
 }
 
 TEST(CudaMoeDecode, ExpertLoadsZeroOneAll) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   for (int T : {2, 9, 64}) run_case(small_shape(), T, Route::kLoads01All, 1.f, false, 100 + T);
 }
 
 TEST(CudaMoeDecode, ExpertListedTwicePerToken) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(small_shape(), 64, Route::kDuplicate, 1.f, false, 200);  // expert 5 gets 128 rows > 64
 }
 
 TEST(CudaMoeDecode, ClampAndAccumulate) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(small_shape(), 5, Route::kRandom, 12.f, true, 300);  // |g|, |u| past the clamp at 10
 }
 
 TEST(CudaMoeDecode, FullFlashWidth) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   cudalin::MoeShape s;  // hidden 4096, inter 2048 (V4-Flash); 10 experts keep the CPU reference quick
   s.n_experts = 10;
   run_case(s, 4, Route::kLoads01All, 1.f, false, 400);

@@ -42,12 +42,12 @@ void run_case(bool fp4, int64_t M, int64_t rows, int64_t cols, uint64_t salt) {
 }
 
 TEST(CudaPrefill, Fp8) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(false, 200, 512, 1024, 1);
 }
 
 TEST(CudaPrefill, Mxfp4) {
-  DSV4_LIN_REQUIRE_GPU();
+  DSV4_REQUIRE_GPU();
   run_case(true, 130, 384, 2048, 2);
 }
 
