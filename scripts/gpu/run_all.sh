@@ -13,16 +13,9 @@ ARCHS=${DSV4_CUDA_ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
 QUICK=${1:-}
 
-# Dependencies the device image may lack (GTest, nlohmann_json): carried under build-cuda/deps.
-PREFIX=""
-if [ -d build-cuda/deps/googletest ] && ! [ -e /usr/lib/x86_64-linux-gnu/cmake/GTest ]; then
-  cmake -S build-cuda/deps/googletest -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/deps \
-    -DBUILD_GMOCK=OFF -DCMAKE_BUILD_TYPE=Release > "$OUT/deps.log" 2>&1 &&
-    cmake --build /tmp/gtest-build -j "$JOBS" >> "$OUT/deps.log" 2>&1 &&
-    cmake --install /tmp/gtest-build >> "$OUT/deps.log" 2>&1 || { echo "googletest build failed"; tail "$OUT/deps.log"; exit 1; }
-  PREFIX="/tmp/deps"
-fi
-[ -d build-cuda/deps/prefix ] && PREFIX="${PREFIX:+$PREFIX;}$PWD/build-cuda/deps/prefix"
+# Dependencies the device image may lack (GTest, nlohmann_json): carry [".gpu-deps"] (scripts/gpu/stage_deps.sh).
+DEPS_LOG="$OUT/deps.log"
+source scripts/gpu/deps_prefix.sh
 
 # Use the top level once it includes the CUDA backend; until then the stand-alone project.
 SRC=.

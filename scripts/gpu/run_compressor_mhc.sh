@@ -2,23 +2,16 @@
 # Builds the compressor and mHC kernels, runs their GPU tests and benchmark, prints a short table last.
 # Usage (on the GPU machine, from the repository root): scripts/gpu/run_compressor_mhc.sh
 # Logs go to $OUT (default: build-cmhc-gpu/out). Architectures: DSV4_CUDA_ARCHS (default 90a).
-# GTest / nlohmann_json for an image that lacks them: DEPS (default build-cmhc/deps, a copy of build-cuda/deps).
+# GTest / nlohmann_json for an image that lacks them: carry [".gpu-deps"] (scripts/gpu/stage_deps.sh).
 set -uo pipefail
 RESULTS=${OUT:-build-cmhc-gpu/out}
 mkdir -p "$RESULTS"
 ARCHS=${DSV4_CUDA_ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
-DEPS=${DEPS:-build-cmhc/deps}
 BUILD=build-cmhc-gpu
 
-PREFIX=""
-if [ -d "$DEPS/googletest" ] && ! [ -e /usr/lib/x86_64-linux-gnu/cmake/GTest ]; then
-  { cmake -S "$DEPS/googletest" -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/deps -DBUILD_GMOCK=OFF \
-      -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/gtest-build -j "$JOBS" && cmake --install /tmp/gtest-build; } \
-    > "$RESULTS/deps.log" 2>&1 || { echo "googletest build failed"; tail "$RESULTS/deps.log"; exit 1; }
-  PREFIX="/tmp/deps"
-fi
-[ -d "$DEPS/prefix" ] && PREFIX="${PREFIX:+$PREFIX;}$PWD/$DEPS/prefix"
+DEPS_LOG="$RESULTS/deps.log"
+source scripts/gpu/deps_prefix.sh
 
 TESTS="test_cuda_compressor test_cuda_mhc"
 { cmake -S . -B "$BUILD" -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \

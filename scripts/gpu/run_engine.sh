@@ -2,7 +2,7 @@
 # Builds the GPU engine test (tests/cuda_engine), runs it (GPU vs CPU logits and greedy continuations,
 # decode throughput of the small test model). Usage (GPU machine, repository root): scripts/gpu/run_engine.sh
 # Logs go to $OUT (default build-gpu/out). Architectures: DSV4_CUDA_ARCHS (default 90a).
-# GTest / nlohmann_json the device image may lack: carried under build-cuda/deps (as run_all.sh does).
+# GTest / nlohmann_json the device image may lack: carry [".gpu-deps"] (scripts/gpu/stage_deps.sh).
 set -uo pipefail
 FINAL=${OUT:-build-gpu/out}
 mkdir -p "$FINAL"
@@ -10,14 +10,8 @@ ARCHS=${DSV4_CUDA_ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
 B=build-gpu
 
-PREFIX=""
-if [ -d build-cuda/deps/googletest ] && ! [ -e /usr/lib/x86_64-linux-gnu/cmake/GTest ]; then
-  { cmake -S build-cuda/deps/googletest -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/deps -DBUILD_GMOCK=OFF \
-      -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/gtest-build -j "$JOBS" && cmake --install /tmp/gtest-build; } \
-    > "$FINAL/deps.log" 2>&1 || { echo "googletest build failed"; tail "$FINAL/deps.log"; exit 1; }
-  PREFIX="/tmp/deps"
-fi
-[ -d build-cuda/deps/prefix ] && PREFIX="${PREFIX:+$PREFIX;}$PWD/build-cuda/deps/prefix"
+DEPS_LOG="$FINAL/deps.log"
+source scripts/gpu/deps_prefix.sh
 
 rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machine
 { cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \

@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
 # One device call for the whole tree: build everything with CUDA for sm_90a and run every test with ctest
 # (CPU and GPU), then the GPU engine check. Usage on the GPU machine, repository root, with carry
-# ["build-cuda/deps"] when the image lacks GoogleTest: JOBS=16 scripts/gpu/run_everything.sh
+# [".gpu-deps"] (made here by scripts/gpu/stage_deps.sh): JOBS=16 scripts/gpu/run_everything.sh
 set -uo pipefail
 FINAL=${OUT:-build-all/out}
 mkdir -p "$FINAL"
 FINAL=$(cd "$FINAL" && pwd)
 JOBS=${JOBS:-$(nproc)}
 B=build-all
-PREFIX=""
-if [ -d build-cuda/deps/googletest ] && ! [ -e /usr/lib/x86_64-linux-gnu/cmake/GTest ]; then
-  { cmake -S build-cuda/deps/googletest -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/deps -DBUILD_GMOCK=OFF \
-      -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/gtest-build -j "$JOBS" && cmake --install /tmp/gtest-build; } \
-    > "$FINAL/deps.log" 2>&1 || { echo "googletest build failed"; tail "$FINAL/deps.log"; exit 1; }
-  PREFIX="/tmp/deps"
-fi
-[ -d build-cuda/deps/prefix ] && PREFIX="${PREFIX:+$PREFIX;}$PWD/build-cuda/deps/prefix"
+DEPS_LOG="$FINAL/deps.log"
+source scripts/gpu/deps_prefix.sh
 rm -f $B/CMakeCache.txt
 { cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS"; } > "$FINAL/build.log" 2>&1 \

@@ -2,7 +2,7 @@
 # Builds src/backend/cuda/linear with its tests and benchmarks, runs them all, prints a short table last.
 # Usage (on the GPU machine, from the repository root): scripts/gpu/run_linear.sh [--quick]
 # Logs go to $OUT (default build-gpu-linear/out). Architectures: DSV4_CUDA_ARCHS (default 90a).
-# Dependencies the device image may lack (GTest, nlohmann_json) are taken from build-linear/deps when carried.
+# Dependencies the device image may lack (GTest, nlohmann_json): carry [".gpu-deps"] (scripts/gpu/stage_deps.sh).
 set -uo pipefail
 FINAL=${OUT:-build-gpu-linear/out}
 mkdir -p "$FINAL"
@@ -17,14 +17,8 @@ JOBS=${JOBS:-$(nproc)}
 QUICK=${1:-}
 B=build-gpu-linear
 
-PREFIX=""
-if [ -d build-linear/deps/googletest ] && ! [ -e /usr/lib/x86_64-linux-gnu/cmake/GTest ]; then
-  { cmake -S build-linear/deps/googletest -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/deps -DBUILD_GMOCK=OFF \
-      -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/gtest-build -j "$JOBS" && cmake --install /tmp/gtest-build; } \
-    > "$RESULTS/deps.log" 2>&1 || { echo "googletest build failed"; tail "$RESULTS/deps.log"; exit 1; }
-  PREFIX="/tmp/deps"
-fi
-[ -d build-linear/deps/prefix ] && PREFIX="${PREFIX:+$PREFIX;}$PWD/build-linear/deps/prefix"
+DEPS_LOG="$RESULTS/deps.log"
+source scripts/gpu/deps_prefix.sh
 
 # A throwaway top level until the lead adds the add_subdirectory lines (docs/GEMM_MOE.md).
 W=$PWD/$B/wrapper  # fixed path: a warm machine keeps $B, and CMake refuses a cache made from another source dir

@@ -217,10 +217,11 @@ TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
   compare("continuous model, exact, f32 KV vs CPU f32 KV:", gpu(0, o), cpu(0, KvDtype::kF32), 5e-4, true);
 }
 
-// KNOWN FAILING (H200, 2026-11-30): greedy tokens agree 96/96, but the max logit error is 1.5e-2 (bf16) and
-// 0.19 (fp8) against the 5e-4 bound: GPU and CPU fp32 rows differ by ~1e-7 and the few values that sit on a
-// rounding boundary round to neighbouring codes (one e4m3 step is 6-12%). The bound needs the statistical
-// form of tests/golden (share of rows above a bound) rather than a maximum; redesign with device time.
+// KNOWN FAILING (H200, 2026-11-30, two runs): max logit error 1.5e-4..2.7e-2 (bf16) and 0.19..0.64 (fp8)
+// against the 5e-4 bound; greedy agreement 96/96 except one fp8 run (18/96). GPU and CPU fp32 rows differ by
+// ~1e-7 and the few values on a rounding boundary round to neighbouring codes (one e4m3 step is 6-12%), which
+// can then flip a router or indexer choice. The test needs the statistical form of tests/golden (share of
+// rows above a bound) or identical pre-rounding arithmetic; redesign with device time.
 //
 // Exact mode with bf16 and fp8 KV on the selective model: the KV plumbing of every format (the FP8 indexer
 // kernel included). Rounding to the KV format is discontinuous, but GPU and CPU round the same fp32 values,
