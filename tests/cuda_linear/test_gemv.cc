@@ -73,6 +73,10 @@ TEST(CudaGemv, Fp8Ue8m0) {
   run_case(Kind::kFp8, 2048, 4096, kTs, 1);  // K split across blocks
   run_case(Kind::kFp8, 4096, 1024, kTs, 2);
   run_case(Kind::kFp8, 256, 512, kTs, 3);    // fewer chunks than warps
+  // Short K with many row tiles: one or two warps per block (fewer than 128 threads for the 128 outputs
+  // of a fragment). Regression: rows 4..15 of each tile were left unwritten (found by the GPU engine test).
+  run_case(Kind::kFp8, 16384, 256, {1, 2, 9, 64}, 8);
+  run_case(Kind::kFp8, 8192, 512, {1, 9}, 9);
 }
 
 TEST(CudaGemv, Fp8F32Scales) {
@@ -85,6 +89,7 @@ TEST(CudaGemv, Mxfp4) {
   run_case(Kind::kFp4, 2048, 4096, kTs, 5);
   run_case(Kind::kFp4, 4096, 2048, kTs, 6);
   run_case(Kind::kFp4, 384, 1024, kTs, 7);
+  run_case(Kind::kFp4, 16384, 256, {1, 2, 9, 64}, 10);  // one warp per block, as above
 }
 
 TEST(CudaGemv, RejectsUnsupportedShapes) {

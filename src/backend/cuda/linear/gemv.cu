@@ -58,10 +58,12 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvArgs a) {
     if (nt >= nt_valid) break;
     dev::stash_frag(red[warp], acc[0][nt]);
     __syncthreads();
-    if (threadIdx.x < 128) {
-      const int r = threadIdx.x >> 3, c = threadIdx.x & 7, tok = nt * 8 + c;
+    // 16 rows x 8 tokens = 128 outputs per fragment. A block has 1 to 8 warps (wb), so fewer than 128
+    // threads when the K range is short: stride over the outputs instead of assuming 128 threads.
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+      const int r = i >> 3, c = i & 7, tok = nt * 8 + c;
       float v = 0.f;
-      for (int w = 0; w < nwarps; ++w) v += red[w][threadIdx.x];
+      for (int w = 0; w < nwarps; ++w) v += red[w][i];
       if (tok < a.T) {
         if (a.gy == 1) a.y[tok * a.ldy + row0 + r] = v;
         else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + row0 + r] = v;
