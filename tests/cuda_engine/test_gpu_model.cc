@@ -174,7 +174,8 @@ class GpuEngine : public ::testing::Test {
         double mx = 0, err = 0;
         for (size_t v = 0; v < c[i].logits[k].size(); ++v) {
           mx = std::max(mx, std::fabs(static_cast<double>(c[i].logits[k][v])));
-          err = std::max(err, std::fabs(static_cast<double>(g[i].logits[k][v]) - c[i].logits[k][v]));
+          const double d = std::fabs(static_cast<double>(g[i].logits[k][v]) - c[i].logits[k][v]);
+          err = std::isfinite(d) ? std::max(err, d) : INFINITY;  // std::max would drop a NaN
         }
         const double rel = err / std::max(mx, 1e-30);
         if (!(rel <= worst)) worst = rel, worst_k = k;  // NaN propagates into worst

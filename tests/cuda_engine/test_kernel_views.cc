@@ -54,9 +54,12 @@ std::vector<T> host(const T* p, size_t n) {
   cuda::check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "copy");
   return v;
 }
+// max |a - b| / max |b|; any non-finite value (an output left at its NaN poison) makes it infinite.
+// (std::max(e, NaN) keeps e, which once hid unwritten gemv rows here.)
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   double e = 0, m = 0;
   for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
     e = std::max(e, std::fabs(double(a[i]) - b[i]));
     m = std::max(m, std::fabs(double(b[i])));
   }
