@@ -130,6 +130,7 @@ int cmd_run(int argc, char** argv) {
   if (stream) std::fputs(stream->finish().c_str(), stdout);
 #endif
   std::printf("\n");
+  std::fflush(stdout);  // the text ends before the timing line on a shared terminal or log
   if (!a.has("quiet")) {
     const double pf = std::chrono::duration<double>(t1 - t0).count();
     const double dc = std::chrono::duration<double>(t2 - t1).count();
