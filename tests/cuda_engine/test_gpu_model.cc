@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
+#include "attention_width_model.h"
 #include "gpu_available.h"
 #include "model/random_checkpoint.h"
 
@@ -37,32 +38,12 @@ using ::dsv4::testing::have_gpu;
 
 // Layers: 0 window + hash routing, 1 CSA, 2 HCA, 3 CSA. Window 64 so rings wrap; index_topk 16 so the
 // indexer selects among up to ~100 entries; 128-token HCA blocks close three times in the longer sequence.
-const char* kConfig = R"({
-  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
-  "vocab_size": 1024, "hidden_size": 512, "num_hidden_layers": 4, "num_nextn_predict_layers": 0,
-  "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
-  "q_lora_rank": 256, "o_groups": 8, "o_lora_rank": 128,
-  "n_routed_experts": %E%, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-  "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": true, "routed_scaling_factor": 1.5,
-  "num_hash_layers": 1, "swiglu_limit": 10.0, "hidden_act": "silu",
-  "index_n_heads": 64, "index_head_dim": 128, "index_topk": %K%, "sliding_window": 64,
-  "compress_ratios": [0, 4, 128, 4],
-  "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-  "rope_theta": 10000, "compress_rope_theta": 160000,
-  "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
-  "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1,
-  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "expert_dtype": "fp4",
-  "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
-})";
+// "continuous": 2 experts top-2 and index_topk 128 (every selection keeps everything).
+std::string config_for(bool selective) {
+  return testing::attention_width_config({0, 4, 128, 4}, selective ? 16 : 2, selective ? 16 : 128);
+}
 
 constexpr int64_t kMaxLen = 512;
-
-std::string config_for(bool selective) {
-  std::string j = kConfig;
-  j.replace(j.find("%E%"), 3, selective ? "16" : "2");
-  j.replace(j.find("%K%"), 3, selective ? "16" : "128");
-  return j;
-}
 
 int n_generate() {
   const char* e = std::getenv("DSV4_GPU_ENGINE_TOKENS");

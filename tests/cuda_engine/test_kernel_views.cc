@@ -15,6 +15,7 @@
 #include "core/numerics.h"
 #include "engine/gpu/device_weights.h"
 #include "engine/model.h"
+#include "attention_width_model.h"
 #include "gpu_available.h"
 #include "model/random_checkpoint.h"
 
@@ -23,23 +24,7 @@ namespace {
 
 using ::dsv4::testing::have_gpu;
 
-extern const char* kViewConfig;
-const char* kViewConfig = R"({
-  "vocab_size": 1024, "hidden_size": 512, "num_hidden_layers": 2, "num_nextn_predict_layers": 0,
-  "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
-  "q_lora_rank": 256, "o_groups": 8, "o_lora_rank": 128,
-  "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-  "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": true, "routed_scaling_factor": 1.5,
-  "num_hash_layers": 1, "swiglu_limit": 10.0, "hidden_act": "silu",
-  "index_n_heads": 64, "index_head_dim": 128, "index_topk": 16, "sliding_window": 64,
-  "compress_ratios": [0, 4],
-  "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-  "rope_theta": 10000, "compress_rope_theta": 160000,
-  "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
-  "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1,
-  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "expert_dtype": "fp4",
-  "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
-})";
+
 
 template <typename T>
 T* dev(const std::vector<T>& v) {
@@ -71,7 +56,7 @@ TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
   const std::string dir = (std::filesystem::temp_directory_path() / "dsv4_gpu_views").string();
   RandomCheckpointOptions ro;
   ro.seed = 3;
-  write_random_checkpoint(kViewConfig, dir, ro);
+  write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
   auto m = Model::load(dir);
   gpu::DeviceWeights w;
   w.upload(m->weights(), m->config(), false);

@@ -1,0 +1,33 @@
+// The GPU engine tests' random models: attention at the widths the CUDA kernels are built for (64 heads x
+// 512, indexer 64 x 128), everything else small (hidden 512, vocab 1024, 128-wide experts), window 64 so the
+// rings wrap. Layer schedule, expert count and indexer top-k vary per test.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dsv4::testing {
+
+inline std::string attention_width_config(const std::vector<int>& compress_ratios, int n_experts, int index_topk) {
+  nlohmann::json j = {
+      {"vocab_size", 1024}, {"hidden_size", 512},
+      {"num_hidden_layers", static_cast<int>(compress_ratios.size())}, {"num_nextn_predict_layers", 0},
+      {"num_attention_heads", 64}, {"num_key_value_heads", 1}, {"head_dim", 512}, {"qk_rope_head_dim", 64},
+      {"q_lora_rank", 256}, {"o_groups", 8}, {"o_lora_rank", 128},
+      {"n_routed_experts", n_experts}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2},
+      {"moe_intermediate_size", 128}, {"scoring_func", "sqrtsoftplus"}, {"topk_method", "noaux_tc"},
+      {"norm_topk_prob", true}, {"routed_scaling_factor", 1.5}, {"num_hash_layers", 1}, {"swiglu_limit", 10.0},
+      {"hidden_act", "silu"}, {"index_n_heads", 64}, {"index_head_dim", 128}, {"index_topk", index_topk},
+      {"sliding_window", 64}, {"compress_ratios", compress_ratios}, {"hc_mult", 4}, {"hc_sinkhorn_iters", 20},
+      {"hc_eps", 1e-6}, {"rope_theta", 10000}, {"compress_rope_theta", 160000},
+      {"rope_scaling", {{"type", "yarn"}, {"factor", 16}, {"original_max_position_embeddings", 65536},
+                        {"beta_fast", 32}, {"beta_slow", 1}}},
+      {"max_position_embeddings", 1048576}, {"rms_norm_eps", 1e-6}, {"bos_token_id", 0}, {"eos_token_id", 1},
+      {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"expert_dtype", "fp4"},
+      {"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
+                               {"weight_block_size", {128, 128}}, {"activation_scheme", "dynamic"}}}};
+  return j.dump(1);
+}
+
+}  // namespace dsv4::testing
