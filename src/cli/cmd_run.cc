@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/runner.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #ifdef DSV4_HAVE_TEXT
@@ -35,18 +36,22 @@ static std::vector<int32_t> parse_ids(const std::string& s) {
 int cmd_run(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
-          "kv-cache-dtype", "chunk", "tokenizer"},
+          "kv-cache-dtype", "chunk", "tokenizer", "device", "max-model-len"},
          {"help", "ids", "quiet"});
   if (a.has("help")) {
     std::printf(
         "dsv4 run [--model DIR] (--prompt TEXT | --prompt-ids 0,1,2) [--max-tokens 32]\n"
         "         [--temperature 0] [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0]\n"
         "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt)]\n"
+        "         [--device cpu|cuda] [--max-model-len N (cuda: positions to reserve, default 4096)]\n"
         "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
     return 0;
   }
-  EngineOptions opt;
-  opt.kv_dtype = parse_kv_dtype(a.get("kv-cache-dtype", "bf16"));
+  RunnerOptions ro;
+  ro.kv_dtype = parse_kv_dtype(a.get("kv-cache-dtype", "bf16"));
+  ro.device = a.get("device", "cpu");
+  ro.max_model_len = a.get_int("max-model-len", 0);
+  if (ro.max_model_len < 0) fail("--max-model-len must be >= 0");
   SamplingParams sp;
   sp.temperature = static_cast<float>(a.get_double("temperature", 0.0));
   sp.top_k = static_cast<int>(a.get_int("top-k", 0));
@@ -60,8 +65,8 @@ int cmd_run(int argc, char** argv) {
   if (chunk < 0) fail("--chunk must be >= 0");
 
   const std::string dir = resolve_model_dir(a.get("model"));
-  auto model = Model::load(dir, opt);
-  const ModelConfig& c = model->config();
+  auto runner = make_runner(dir, ro);
+  const ModelConfig& c = runner->config();
 
   std::vector<int32_t> prompt;
   bool as_text = false;
@@ -89,18 +94,10 @@ int cmd_run(int argc, char** argv) {
   for (int32_t id : prompt)
     if (id < 0 || id >= c.vocab_size) fail("prompt token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
 
-  auto seq = model->new_sequence();
   Sampler sampler(sp);
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
-  std::vector<float> last;
-  const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : prompt.size();
-  for (size_t i = 0; i < prompt.size(); i += step) {
-    std::vector<SeqChunk> b(1);
-    b[0].seq = seq.get();
-    b[0].tokens.assign(prompt.begin() + i, prompt.begin() + std::min(prompt.size(), i + step));
-    last = std::move(model->forward(b)[0].logits);
-  }
+  std::vector<float> last = runner->feed(prompt, static_cast<size_t>(chunk));
   auto t1 = clock::now();
   std::vector<int32_t> out;
 #ifdef DSV4_HAVE_TEXT
@@ -120,10 +117,7 @@ int cmd_run(int argc, char** argv) {
     }
     std::fflush(stdout);
     if (next == c.eos_token_id) break;
-    std::vector<SeqChunk> b(1);
-    b[0].seq = seq.get();
-    b[0].tokens = {next};
-    last = std::move(model->forward(b)[0].logits);
+    last = runner->feed({next}, 0);
   }
   auto t2 = clock::now();
 #ifdef DSV4_HAVE_TEXT

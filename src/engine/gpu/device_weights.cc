@@ -1,5 +1,6 @@
 #include "engine/gpu/device_weights.h"
 
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -69,8 +70,9 @@ const void* DeviceWeights::put(const void* host, size_t n) {
   allocs_.push_back(p);
   cuda::check(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), "upload weights");
   bytes += n;
-  if (progress_ && total_ > 0 && (allocs_.size() % 64 == 0 || bytes >= total_))
-    std::fprintf(stderr, "\rloading weights to the GPU: %zu / %zu MiB", bytes >> 20, total_ >> 20);
+  // total_ counts the matrices; norms and other small vectors come on top, so the count is capped at it.
+  if (progress_ && total_ > 0 && allocs_.size() % 64 == 0)
+    std::fprintf(stderr, "\rloading weights to the GPU: %zu / %zu MiB", std::min(bytes, total_) >> 20, total_ >> 20);
   return p;
 }
 
@@ -108,6 +110,10 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = w.layers[i];
     for (const LinearWeight* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.gate}) count(*l);
+    if (L.ratio) count(L.compressor.wkv), count(L.compressor.wgate);
+    if (L.kind == AttnKind::kCSA)
+      count(L.index_wq_b), count(L.index_weights_proj), count(L.index_compressor.wkv), count(L.index_compressor.wgate);
+    if (L.has_shared) count(L.shared.w1), count(L.shared.w2), count(L.shared.w3);
     for (const ExpertWeights& e : L.experts) count(e.w1), count(e.w2), count(e.w3);
   }
 
@@ -158,7 +164,7 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
     d.experts_exact = static_cast<const glue::Expert*>(put(ex_exact.data(), ex_exact.size() * sizeof(ex_exact[0])));
     layers.push_back(d);
   }
-  if (progress_) std::fprintf(stderr, "\n");
+  if (progress_) std::fprintf(stderr, "\rloading weights to the GPU: %zu MiB done\n", bytes >> 20);
 }
 
 }  // namespace dsv4::gpu

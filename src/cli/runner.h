@@ -1,0 +1,30 @@
+// One sequence on the chosen device, for the CLI: feed tokens, get the logits after the last one.
+// `--device cpu` runs engine::Model (the exact reference); `--device cuda` runs gpu::GpuModel (built only
+// with DSV4_CUDA; decode-step prefill, see docs/GPU_ENGINE.md).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace dsv4::cli {
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Runs `tokens` (in chunks of `chunk`, 0 = all at once) and returns the logits after the last one.
+  virtual std::vector<float> feed(const std::vector<int32_t>& tokens, size_t chunk) = 0;
+};
+
+struct RunnerOptions {
+  std::string device = "cpu";  // cpu | cuda
+  KvDtype kv_dtype = KvDtype::kBF16;
+  int64_t max_model_len = 0;   // cuda: positions to reserve (0 = 4096)
+};
+
+// Throws dsv4::Error naming the device when it is unknown or not built in.
+std::unique_ptr<Runner> make_runner(const std::string& model_dir, const RunnerOptions& opt);
+
+}  // namespace dsv4::cli
