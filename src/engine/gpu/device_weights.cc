@@ -1,8 +1,8 @@
 #include "engine/gpu/device_weights.h"
 
-#include <algorithm>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/cuda/kernels.h"
