@@ -45,6 +45,17 @@ std::string config_for(bool selective) {
 
 constexpr int64_t kMaxLen = 512;
 
+// Options of every comparison: both sequences held at once, positions for the longer prompt + generation.
+gpu::GpuOptions test_options(KvDtype kv, bool exact_linear = false, bool exact_moe = false) {
+  gpu::GpuOptions o;
+  o.kv_dtype = kv;
+  o.max_seqs = 2;
+  o.max_model_len = kMaxLen;
+  o.exact_linear = exact_linear;
+  o.exact_moe = exact_moe;
+  return o;
+}
+
 int n_generate() {
   const char* e = std::getenv("DSV4_GPU_ENGINE_TOKENS");
   return e ? std::max(2, std::atoi(e)) : 96;
@@ -179,11 +190,7 @@ std::map<std::pair<int, KvDtype>, std::vector<GreedyRun>> GpuEngine::cpu_;
 // 2e-5 of their references); 5e-4 leaves room for the growth through 4 layers and the softmaxes.
 TEST_F(GpuEngine, ExactModeF32KvMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  gpu::GpuOptions o;
-  o.kv_dtype = KvDtype::kF32;
-  o.max_seqs = 2;
-  o.max_model_len = kMaxLen;
-  o.exact_linear = true;
+  const gpu::GpuOptions o = test_options(KvDtype::kF32, true);
   compare("selective model, exact, f32 KV vs CPU f32 KV:", gpu(1, o), cpu(1, KvDtype::kF32), 5e-4, true);
 }
 
@@ -191,11 +198,7 @@ TEST_F(GpuEngine, ExactModeF32KvMatchesCpu) {
 // in the kernel path from one in this configuration's plumbing (a top-k that keeps everything, -1 slots).
 TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  gpu::GpuOptions o;
-  o.kv_dtype = KvDtype::kF32;
-  o.max_seqs = 2;
-  o.max_model_len = kMaxLen;
-  o.exact_linear = true;
+  const gpu::GpuOptions o = test_options(KvDtype::kF32, true);
   compare("continuous model, exact, f32 KV vs CPU f32 KV:", gpu(0, o), cpu(0, KvDtype::kF32), 5e-4, true);
 }
 
@@ -211,11 +214,7 @@ TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
 TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
   DSV4_REQUIRE_GPU();
   for (KvDtype kv : {KvDtype::kBF16, KvDtype::kFP8}) {
-    gpu::GpuOptions o;
-    o.kv_dtype = kv;
-    o.max_seqs = 2;
-    o.max_model_len = kMaxLen;
-    o.exact_linear = true;
+    const gpu::GpuOptions o = test_options(kv, true);
     compare(kv == KvDtype::kBF16 ? "selective model, exact, bf16 KV vs CPU bf16 KV:"
                                  : "selective model, exact, fp8 KV vs CPU fp8 KV:",
             gpu(1, o), cpu(1, kv), 5e-4, true);
@@ -234,31 +233,21 @@ TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
 // on near ties; the greedy check requires that none flipped.
 TEST_F(GpuEngine, KernelsF32KvMatchCpu) {
   DSV4_REQUIRE_GPU();
-  gpu::GpuOptions o;
-  o.kv_dtype = KvDtype::kF32;
-  o.max_seqs = 2;
-  o.max_model_len = kMaxLen;
+  const gpu::GpuOptions o = test_options(KvDtype::kF32);
   compare("continuous model, kernels, f32 KV vs CPU f32 KV:", gpu(0, o), cpu(0, KvDtype::kF32), 2e-2, true);
 }
 
 // Dense FP8 GEMV kernels only (routed experts through the fp32 glue): isolates the MoE kernel's share.
 TEST_F(GpuEngine, DenseKernelsF32KvMatchCpu) {
   DSV4_REQUIRE_GPU();
-  gpu::GpuOptions o;
-  o.kv_dtype = KvDtype::kF32;
-  o.max_seqs = 2;
-  o.max_model_len = kMaxLen;
-  o.exact_moe = true;
+  const gpu::GpuOptions o = test_options(KvDtype::kF32, false, true);
   compare("continuous model, dense kernels, exact MoE, f32 KV vs CPU f32 KV:", gpu(0, o), cpu(0, KvDtype::kF32), 2e-2,
           true);
 }
 
 TEST_F(GpuEngine, KernelsBf16KvMatchCpu) {
   DSV4_REQUIRE_GPU();
-  gpu::GpuOptions o;
-  o.kv_dtype = KvDtype::kBF16;
-  o.max_seqs = 2;
-  o.max_model_len = kMaxLen;
+  const gpu::GpuOptions o = test_options(KvDtype::kBF16);
   const auto g = gpu(0, o);
   compare("continuous model, kernels, bf16 KV vs CPU bf16 KV:", g, cpu(0, KvDtype::kBF16), 2e-2, true);
   compare("continuous model, kernels, bf16 KV vs CPU f32 KV (information):", g, cpu(0, KvDtype::kF32), 1e9, false);
@@ -271,10 +260,7 @@ TEST_F(GpuEngine, KernelsBf16KvMatchCpu) {
 // greedy check is the real test here.
 TEST_F(GpuEngine, KernelsFp8KvMatchCpu) {
   DSV4_REQUIRE_GPU();
-  gpu::GpuOptions o;
-  o.kv_dtype = KvDtype::kFP8;
-  o.max_seqs = 2;
-  o.max_model_len = kMaxLen;
+  const gpu::GpuOptions o = test_options(KvDtype::kFP8);
   compare("continuous model, kernels, fp8 KV vs CPU fp8 KV:", gpu(0, o), cpu(0, KvDtype::kFP8), 2e-2, true);
 }
 
