@@ -15,7 +15,7 @@ source scripts/gpu/deps_prefix.sh
 
 rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machine
 { cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views; } \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views test_gpu_sample test_glue_linear; } \
   > "$FINAL/build.log" 2>&1 || { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$FINAL/gpu.txt" 2>&1
 
@@ -26,9 +26,21 @@ exe=$(find $B -name test_gpu_model -type f -perm -u+x | head -1)
 OMP_NUM_THREADS=$JOBS "$exe" ${ENGINE_FILTER:+--gtest_filter="$ENGINE_FILTER"} > "$FINAL/test_gpu_model.log" 2>&1
 rc=$?
 echo "== $(date -u +%F) $(tail -1 "$FINAL/gpu.txt")"
-grep -E "DSV4_TEST_SEED|vs CPU|decode \(|Failure|Expected|Which is|error|^\[  |^\[ RUN|OK \]|FAILED" "$FINAL/test_gpu_model.log" | head -80
+grep -E "DSV4_TEST_SEED|vs CPU|vs eager|decode \(|Failure|Expected|Which is|error|exception|what\(\)|^\[  |^\[ RUN|OK \]|FAILED" "$FINAL/test_gpu_model.log" | head -80
 echo "== kernel views (rc=$rc_views)"
 grep -E "vs|Failure|^\[  " "$FINAL/test_gpu_kernel_views.log" | head -40
+gl=$(find $B -name test_glue_linear -type f -perm -u+x | head -1)
+"$gl" > "$FINAL/test_glue_linear.log" 2>&1
+rc_gl=$?
+echo "== glue linear (rc=$rc_gl)"
+grep -E "rows|Failure|^\[  " "$FINAL/test_glue_linear.log" | head -14
+[ $rc_gl -ne 0 ] && rc_views=1
+sample=$(find $B -name test_gpu_sample -type f -perm -u+x | head -1)
+"$sample" > "$FINAL/test_gpu_sample.log" 2>&1
+rc_sample=$?
+echo "== GPU sampler (rc=$rc_sample)"
+grep -E "checked|chi|Failure|Expected|Which is|exception|^\[  " "$FINAL/test_gpu_sample.log" | head -30
 echo "rc=$rc"
+[ $rc_sample -ne 0 ] && rc=1
 [ $rc_views -ne 0 ] && rc=1
 exit $rc

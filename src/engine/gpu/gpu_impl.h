@@ -3,9 +3,14 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "backend/cuda/glue/sample.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "engine/gpu/device_state.h"
 #include "engine/gpu/device_weights.h"
@@ -22,7 +27,13 @@ struct StepMeta {
   int32_t* h32 = nullptr;  // pinned [kN32, cap]
   int64_t* d64 = nullptr;
   int32_t* d32 = nullptr;
-  int64_t max_vis4 = 0, max_vis128 = 0;
+  // Context bucket of the step: the next power of two >= the largest position + 1 (at least 128, at most
+  // max_model_len rounded up). Launch shapes that grow with the context (indexer score columns, HCA slots)
+  // are sized by the bucket, never by the exact lengths, so a step's launch sequence depends only on
+  // (T, bucket) and one CUDA graph per pair replays it; the kernels read the exact lengths from device memory.
+  int64_t bucket = 128;
+  int64_t n_cols4() const { return std::max<int64_t>(1, bucket / 4); }
+  int64_t n_entries128() const { return bucket / 128; }
   const int64_t* dev(I64 a) const { return d64 + static_cast<int64_t>(a) * cap; }
   const int32_t* dev(I32 a) const { return d32 + static_cast<int64_t>(a) * cap; }
   int64_t& host(I64 a, int t) { return h64[static_cast<int64_t>(a) * cap + t]; }
@@ -37,6 +48,11 @@ struct Scratch {
   void *hc_ws, *attn_ws;
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [cap, vocab]
+  int32_t* next = nullptr;        // device [2, cap]: the token drawn from each row of the step, its status
+  int32_t* next_host = nullptr;   // pinned [2, cap]
+  glue::SampleRowParams* sample_params = nullptr;       // device [cap]
+  glue::SampleRowParams* sample_params_host = nullptr;  // pinned [cap]
+  void* sample_ws = nullptr;
 };
 
 struct GpuModel::Impl {
@@ -52,6 +68,17 @@ struct GpuModel::Impl {
   cudalin::Workspace ws{};
   cudalin::MoeWorkspace moe_ws{};
   bool moe_kernel_ok = false;
+  // Captured decode steps, keyed by (T, context bucket); see StepMeta::bucket and docs/GPU_ENGINE.md.
+  std::map<std::pair<int, int64_t>, cudaGraphExec_t> graphs;
+  std::map<std::pair<int, int64_t>, int> seen;  // eager runs per key (a key is captured on its second use)
+  // profile_layers: an event per mark(name) of the step, in order; prof_n of them used by the last step.
+  std::vector<std::pair<std::string, cudaEvent_t>> prof;
+  size_t prof_n = 0;
+  // Records the end of the operation `name` (profile_layers only; every call site is a host-side constant).
+  void mark(const std::string& name);
+  void mark(int layer, const char* op) {
+    if (opt.profile_layers) mark("L" + std::to_string(layer) + "." + op);
+  }
   std::vector<void*> dev_allocs, host_allocs;
 
   ~Impl();
@@ -63,6 +90,8 @@ struct GpuModel::Impl {
   void set_step(const std::vector<int32_t>& tokens, const std::vector<int64_t>& pos, const std::vector<int>& slots);
   // Embedding, all layers, hc_head, norm, LM head: logits [T, vocab] in s.logits.
   void run_step(int T);
+  // run_step through the graph cache when GpuOptions::cuda_graphs (eager on a key's first use).
+  void launch_step(int T);
 
  private:
   void layer(int li, int T);

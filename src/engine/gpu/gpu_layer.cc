@@ -42,6 +42,7 @@ void GpuModel::Impl::attention(int li, int T) {
   glue::rmsnorm_rows(s.qr, qlr, L.q_norm, T, qlr, eps, s.qr, qlr, stream);
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
+  mark(li, "q");
 
   // The window row of each token, encoded into its ring slot (the query reads it back from there).
   lin(L.wkv, s.x, D, T, s.kv, hd);
@@ -50,6 +51,7 @@ void GpuModel::Impl::attention(int li, int T) {
   glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
                   static_cast<int64_t>(st->row_bytes), meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)),
                   stream);
+  mark(li, "kv");
 
   // Compressed entries closed by these tokens go to rows W + j before attention reads them.
   auto compress = [&](const DevCompressor& C, float* kvbuf, float* gbuf, float* state, uint8_t* out,
@@ -86,42 +88,31 @@ void GpuModel::Impl::attention(int li, int T) {
   if (r)
     compress(L.comp, s.ckv, s.cg, P.comp_state, P.kv, static_cast<int64_t>(st->row_bytes),
              meta.dev(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri)), c->rope_head_dim, 64);
+  mark(li, "compress");
 
   const int topk = c->index_topk;
   if (kind == AttnKind::kCSA) {
     const int IH = c->index_n_heads, Id = c->index_head_dim;
     compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
              meta.dev(StepMeta::kKeyFirst), 0, Id);
+    mark(li, "index.compress");
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id);
     glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     glue::linear(L.index_weights_proj.g, 0, IH, s.x, T, D, s.iw, IH, stream);
     glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
-    const int64_t n_cols = std::max<int64_t>(1, meta.max_vis4);
+    mark(li, "index.q");
+    const int64_t n_cols = meta.n_cols4();
     const int32_t* vis = meta.dev(StepMeta::kVis4);
-    if (st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim) {
-      // The FP8 indexer kernel reads one key array per call: one call per sequence.
-      for (int t = 0; t < T; ++t) {
-        cuda::IndexerArgs ia;
-        ia.q = s.iq + static_cast<int64_t>(t) * IH * Id;
-        ia.w = s.iw + static_cast<int64_t>(t) * IH;
-        ia.keys = P.index_keys + meta.host(StepMeta::kKeyBase, t) * static_cast<int64_t>(st->index_row_bytes);
-        ia.n_keys = n_cols;
-        ia.row_bytes = static_cast<int64_t>(st->index_row_bytes);
-        ia.n_visible = vis + t;
-        ia.scores = s.scores + t * n_cols;
-        ia.score_stride = n_cols;
-        ia.n_queries = 1;
-        cuda::indexer_scores_fp8(ia, stream);
-      }
-    } else {
-      glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
-                           st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
-    }
+    // TODO(issue #4): the FP8 indexer kernel with per-query key offsets (one launch for the batch, graph-safe).
+    glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
+                         st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
+    mark(li, "index.scores");
     cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
+    mark(li, "index.topk");
   }
 
   // Slot lists over the layer's pool, sparse attention with sinks, inverse RoPE.
-  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.max_vis128) : 0;
+  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
   const int n_slots = W + extra;
   glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W,
                     kind == AttnKind::kCSA ? 1 : kind == AttnKind::kHCA ? 2 : 0, r, s.sel, topk, n_slots, s.slots,
@@ -140,7 +131,9 @@ void GpuModel::Impl::attention(int li, int T) {
   sa.n_queries = T;
   sa.workspace = s.attn_ws;
   cuda::sparse_attention(sa, stream);
+  mark(li, "sparse_attention");
   glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream);
+  mark(li, "inv_rope");
 
   // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z.
   const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
@@ -153,6 +146,7 @@ void GpuModel::Impl::attention(int li, int T) {
       glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
   }
   lin(L.wo_b, s.z, G * olr, T, s.y, D);
+  mark(li, "wo");
 }
 
 void GpuModel::Impl::ffn(int li, int T) {
@@ -166,6 +160,7 @@ void GpuModel::Impl::ffn(int li, int T) {
   glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
+  mark(li, "router");
   bool accumulate = false;
   if (L.has_shared) {
     const int64_t Is = L.sh_w1.rows;
@@ -174,6 +169,7 @@ void GpuModel::Impl::ffn(int li, int T) {
     glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
     lin(L.sh_w2, s.shh, Is, T, s.y, D);
     accumulate = true;
+    mark(li, "shared_expert");
   }
   if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
     cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
@@ -182,6 +178,7 @@ void GpuModel::Impl::ffn(int li, int T) {
   } else {
     glue::moe_exact(L.experts_exact, D, I, K, limit, s.x, s.idx, s.wts, T, s.hexact, s.y, accumulate, stream);
   }
+  mark(li, "routed_experts");
 }
 
 void GpuModel::Impl::layer(int li, int T) {
@@ -207,10 +204,12 @@ void GpuModel::Impl::layer(int li, int T) {
     a.workspace = s.hc_ws;
     cuda::hc_pre(a, stream);
     glue::rmsnorm_rows(s.x, D, norm_w, T, D, eps, s.x, D, stream);
+    mark(li, "hc_pre+norm");
   };
   auto post = [&]() {
     cuda::check(cudaMemcpyAsync(s.res, s.h, sizeof(float) * T * n * D, cudaMemcpyDeviceToDevice, stream), "copy h");
     cuda::hc_post(T, D, n, s.y, s.res, s.post, s.comb, s.h, stream);
+    mark(li, "hc_post");
   };
   pre(L.hc_attn, L.attn_norm);
   attention(li, T);
@@ -222,7 +221,10 @@ void GpuModel::Impl::layer(int li, int T) {
 
 void GpuModel::Impl::run_step(int T) {
   const int64_t D = c->hidden_size;
+  prof_n = 0;
+  mark("start");
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, s.h, stream);
+  mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);
   cuda::HcArgs a;
   a.n_tokens = T;
@@ -239,7 +241,9 @@ void GpuModel::Impl::run_step(int T) {
   a.workspace = s.hc_ws;
   cuda::hc_head(a, stream);
   glue::rmsnorm_rows(s.y, D, w.norm, T, D, static_cast<float>(c->rms_norm_eps), s.y, D, stream);
+  mark("hc_head+norm");
   glue::linear(w.head.g, 0, c->vocab_size, s.y, T, D, s.logits, c->vocab_size, stream);
+  mark("head");
 }
 
 }  // namespace dsv4::gpu

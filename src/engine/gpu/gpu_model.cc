@@ -8,6 +8,7 @@
 
 #include "backend/cpu/norm_rope.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/glue/glue.h"
 #include "backend/cuda/kernels_compressor_mhc.h"
 #include "core/error.h"
 #include "engine/gpu/gpu_impl.h"
@@ -21,6 +22,8 @@ GpuSequence::~GpuSequence() {
 
 GpuModel::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  for (auto& g : graphs) cudaGraphExecDestroy(g.second);
+  for (auto& e : prof) cudaEventDestroy(e.second);
   cudalin::workspace_destroy(ws);
   if (moe_ws.meta) cudalin::moe_workspace_destroy(moe_ws);
   for (void* p : dev_allocs) cudaFree(p);
@@ -87,6 +90,11 @@ void GpuModel::Impl::alloc_scratch() {
   s.hc_ws = dalloc(cuda::hc_workspace_bytes(static_cast<int>(T), D));
   s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
   s.logits_host = static_cast<float*>(halloc(sizeof(float) * T * V));
+  s.next = static_cast<int32_t*>(dalloc(sizeof(int32_t) * 2 * T));
+  s.next_host = static_cast<int32_t*>(halloc(sizeof(int32_t) * 2 * T));
+  s.sample_params = static_cast<glue::SampleRowParams*>(dalloc(sizeof(glue::SampleRowParams) * T));
+  s.sample_params_host = static_cast<glue::SampleRowParams*>(halloc(sizeof(glue::SampleRowParams) * T));
+  s.sample_ws = dalloc(glue::sample_workspace_bytes(static_cast<int>(T), V));
 
   meta.cap = static_cast<int>(T);
   meta.h64 = static_cast<int64_t*>(halloc(sizeof(int64_t) * StepMeta::kN64 * T));
@@ -107,7 +115,7 @@ void GpuModel::Impl::set_step(const std::vector<int32_t>& tokens, const std::vec
   const int T = static_cast<int>(tokens.size());
   const int64_t W = c->sliding_window, L = opt.max_model_len;
   const int ratios[3] = {0, 4, 128};
-  meta.max_vis4 = meta.max_vis128 = 0;
+  int64_t max_pos = 0;
   for (int t = 0; t < T; ++t) {
     const int64_t p = pos[t], slot = slots[t];
     meta.host(StepMeta::kPos, t) = p;
@@ -126,13 +134,42 @@ void GpuModel::Impl::set_step(const std::vector<int32_t>& tokens, const std::vec
     meta.host(StepMeta::kStateSlot, t) = static_cast<int32_t>(slot);
     meta.host(StepMeta::kVis4, t) = static_cast<int32_t>((p + 1) / 4);
     meta.host(StepMeta::kVis128, t) = static_cast<int32_t>((p + 1) / 128);
-    meta.max_vis4 = std::max<int64_t>(meta.max_vis4, (p + 1) / 4);
-    meta.max_vis128 = std::max<int64_t>(meta.max_vis128, (p + 1) / 128);
+    max_pos = std::max(max_pos, p);
   }
+  int64_t bucket = 128;
+  while (bucket < max_pos + 1) bucket *= 2;
+  meta.bucket = std::min(bucket, L);
   cuda::check(cudaMemcpyAsync(meta.d64, meta.h64, sizeof(int64_t) * StepMeta::kN64 * meta.cap,
                               cudaMemcpyHostToDevice, stream), "upload step metadata");
   cuda::check(cudaMemcpyAsync(meta.d32, meta.h32, sizeof(int32_t) * StepMeta::kN32 * meta.cap,
                               cudaMemcpyHostToDevice, stream), "upload step metadata");
+}
+
+void GpuModel::Impl::launch_step(int T) {
+  if (!opt.cuda_graphs || opt.profile_layers) return run_step(T);
+  const std::pair<int, int64_t> key{T, meta.bucket};
+  auto it = graphs.find(key);
+  if (it == graphs.end()) {
+    // First use of a key runs eagerly (kernels set their attributes, lazily loaded modules load); the
+    // second captures. Relaxed mode: the kernels' entry points may query attributes while capturing.
+    if (seen[key]++ == 0) return run_step(T);
+    cudaGraph_t g = nullptr;
+    cuda::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "begin decode-step capture");
+    try {
+      run_step(T);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    cuda::check(cudaStreamEndCapture(stream, &g), "end decode-step capture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    cuda::check(err, "instantiate decode-step graph");
+    it = graphs.emplace(key, exec).first;
+  }
+  cuda::check(cudaGraphLaunch(it->second, stream), "launch decode-step graph");
 }
 
 std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOptions& opt) {
@@ -189,6 +226,31 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
 
 GpuModel::~GpuModel() = default;
 
+void GpuModel::Impl::mark(const std::string& name) {
+  if (!opt.profile_layers) return;
+  if (prof_n == prof.size()) {
+    cudaEvent_t e = nullptr;
+    cuda::check(cudaEventCreate(&e), "cudaEventCreate (profile)");
+    prof.emplace_back(std::string(), e);
+  }
+  prof[prof_n].first = name;
+  cuda::check(cudaEventRecord(prof[prof_n].second, stream), "profile event");
+  ++prof_n;
+}
+
+std::vector<std::pair<std::string, double>> GpuModel::step_profile_ms() const {
+  std::vector<std::pair<std::string, double>> ms;
+  const Impl& im = *impl_;
+  if (im.prof_n < 2) return ms;
+  cuda::check(cudaEventSynchronize(im.prof[im.prof_n - 1].second), "profile events");
+  for (size_t i = 1; i < im.prof_n; ++i) {
+    float t = 0;
+    cuda::check(cudaEventElapsedTime(&t, im.prof[i - 1].second, im.prof[i].second), "profile events");
+    ms.emplace_back(im.prof[i].first, t);
+  }
+  return ms;
+}
+
 size_t GpuModel::weight_bytes() const { return impl_->w.bytes; }
 size_t GpuModel::state_bytes() const { return impl_->st->bytes; }
 
@@ -221,11 +283,12 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     for (size_t i = 0; i < ch.tokens.size(); ++i)
       if (ch.tokens[i] < 0 || ch.tokens[i] >= V)
         fail("token id ", ch.tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
+    validate(ch.sampling);
     steps = std::max<int64_t>(steps, static_cast<int64_t>(ch.tokens.size()));
   }
   std::vector<ChunkOutput> out(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
-    out[b].rows = batch[b].all_logits ? static_cast<int64_t>(batch[b].tokens.size()) : 1;
+    out[b].rows = !batch[b].return_logits ? 0 : batch[b].all_logits ? static_cast<int64_t>(batch[b].tokens.size()) : 1;
     out[b].logits.resize(out[b].rows * V);
   }
   std::vector<int32_t> tokens;
@@ -243,15 +306,65 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
       which.push_back(b);
     }
     const int T = static_cast<int>(tokens.size());
+    for (size_t b : which) batch[b].error.clear();
     im.set_step(tokens, pos, slots);
-    im.run_step(T);
-    cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * T * V, cudaMemcpyDeviceToHost,
-                                im.stream), "download logits");
+    im.launch_step(T);
+    // Rows the host needs: every row of an all_logits chunk that returns logits, else the last token's.
+    bool any_logits = false;
+    for (int t = 0; t < T; ++t) {
+      const GpuSeqChunk& ch = batch[which[t]];
+      any_logits |= ch.return_logits && (ch.all_logits || i == static_cast<int64_t>(ch.tokens.size()) - 1);
+    }
+    // Draw the next token of every row (the step's last token of a chunk is the one that counts).
+    for (int t = 0; t < T; ++t) {
+      const GpuSeqChunk& ch = batch[which[t]];
+      glue::SampleRowParams& sp = im.s.sample_params_host[t];
+      sp.temperature = ch.sampling.temperature;
+      sp.top_k = ch.sampling.top_k;
+      sp.top_p = ch.sampling.top_p;
+      sp.min_p = ch.sampling.min_p;
+      sp.seed = ch.sampling.seed;
+      sp.step = ch.seq->draws;
+    }
+    cuda::check(cudaMemcpyAsync(im.s.sample_params, im.s.sample_params_host, sizeof(glue::SampleRowParams) * T,
+                                cudaMemcpyHostToDevice, im.stream), "upload sampling parameters");
+    bool all_greedy = true;
+    for (int t = 0; t < T; ++t)
+      all_greedy &= im.s.sample_params_host[t].temperature == 0.0f || im.s.sample_params_host[t].top_k == 1;
+    glue::sample_rows(im.s.logits, T, V, im.s.sample_params, im.s.next, im.s.next + T, im.s.sample_ws, im.stream,
+                      all_greedy);
+    cuda::check(cudaMemcpyAsync(im.s.next_host, im.s.next, sizeof(int32_t) * 2 * T, cudaMemcpyDeviceToHost,
+                                im.stream), "download next tokens");
+    if (any_logits)
+      cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * T * V, cudaMemcpyDeviceToHost,
+                                  im.stream), "download logits");
     cuda::check(cudaStreamSynchronize(im.stream), "GPU forward step");
     for (int t = 0; t < T; ++t) {
       const size_t b = which[t];
       const int64_t count = static_cast<int64_t>(batch[b].tokens.size());
-      if (!batch[b].all_logits && i != count - 1) continue;
+      if (i == count - 1) {
+        GpuSeqChunk& ch = batch[b];
+        const int32_t status = im.s.next_host[T + t];
+        ch.next_token = im.s.next_host[t];
+        if (status == glue::kSampleNonFinite) {
+          ch.next_token = -1;
+          ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + i) +
+                     ": refusing to sample (see failure mode F1)";
+        } else if (status == glue::kSampleHostFallback) {
+          // The kept set reaches past the GPU's candidates: draw on the host from this row, same rule; the
+          // stream position (seed, draws) seeds it so the draw stays reproducible.
+          std::vector<float> row(static_cast<size_t>(V));
+          cuda::check(cudaMemcpy(row.data(), im.s.logits + static_cast<int64_t>(t) * V, sizeof(float) * V,
+                                 cudaMemcpyDeviceToHost), "download a logits row for the host sampler");
+          SamplingParams hp = ch.sampling;
+          hp.seed = glue::sample_mix64(ch.sampling.seed ^ glue::sample_mix64(ch.seq->draws));
+          ch.next_token = Sampler(hp).sample(row.data(), V);
+        } else if (status != glue::kSampleOk) {
+          fail("GPU sampler: status ", status, " for a validated request (internal error)");
+        }
+        ++ch.seq->draws;
+      }
+      if (!batch[b].return_logits || (!batch[b].all_logits && i != count - 1)) continue;
       const int64_t row = batch[b].all_logits ? i : 0;
       std::memcpy(out[b].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(t) * V, sizeof(float) * V);
     }

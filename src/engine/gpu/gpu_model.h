@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/sampler.h"
 
 namespace dsv4::gpu {
 
@@ -27,6 +29,12 @@ struct GpuOptions {
   bool exact_moe = false;          // only the routed experts through the fp32 glue (implied by exact_linear)
   bool progress = false;           // weight upload progress on stderr
   bool poison = true;              // fill state and scratch with NaN bytes before first use
+  // Replay each decode step from a CUDA graph captured per (tokens in the step, context bucket): one
+  // launch instead of ~50 per layer. Off: every kernel is launched eagerly (same results, bit for bit).
+  bool cuda_graphs = true;
+  // Benchmarks: record a CUDA event after every operation of a step (implies eager launches);
+  // step_profile_ms() reads them.
+  bool profile_layers = false;
 };
 
 struct SlotPool;
@@ -35,6 +43,7 @@ class GpuSequence {
  public:
   ~GpuSequence();
   int64_t length = 0;  // tokens processed
+  uint64_t draws = 0;  // tokens drawn so far: the position in the sampling stream (seed, draws)
   int slot() const { return slot_; }
 
  private:
@@ -47,6 +56,13 @@ struct GpuSeqChunk {
   GpuSequence* seq = nullptr;
   std::vector<int32_t> tokens;  // at positions seq->length, seq->length + 1, ...
   bool all_logits = false;      // logits for every new token (else only for the last one)
+  bool return_logits = true;    // false: no logits are copied to the host (use `next_token`)
+  SamplingParams sampling;      // how `next_token` is drawn (default greedy); validated before any work
+  // Out: the next token drawn on the device from the last token's logits (glue::sample_rows, the CPU
+  // sampler's rule; a row whose kept set exceeds the GPU's 2048 candidates is drawn on the host). A NaN or
+  // +inf logit gives next_token = -1 and `error` set, never token 0.
+  int32_t next_token = -1;
+  std::string error;
 };
 
 class GpuModel {
@@ -66,6 +82,10 @@ class GpuModel {
 
   // Same contract as Model::forward (keep_streams is not supported yet). Logits rows are fp32 [rows, vocab].
   std::vector<ChunkOutput> forward(std::vector<GpuSeqChunk>& batch);
+
+  // With profile_layers: (operation, milliseconds) of the last step, in launch order. Names are
+  // "embed", "L<i>.<op>" for layer i, "head".
+  std::vector<std::pair<std::string, double>> step_profile_ms() const;
 
   struct Impl;
 

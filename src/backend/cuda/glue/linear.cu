@@ -1,5 +1,8 @@
 // fp32-activation linear over weights in their shipped formats, and the exact-mode routed experts.
-// One warp per weight row; up to 8 tokens per pass share each decoded weight element.
+// One warp per weight row; up to 8 tokens per pass share each decoded weight element. BF16 weights (the
+// compressor, weights_proj, router and LM head of the GPU engine) take a streaming path: 16-byte loads,
+// four in flight per lane, so a few hundred rows already keep enough bytes in flight to stream at copy
+// bandwidth; the generic path reads one element per lane per step.
 #include "backend/cuda/glue/glue_common.cuh"
 
 namespace dsv4::glue {
@@ -33,6 +36,54 @@ __global__ void linear_kernel(Weight w, int64_t row_begin, int64_t rows, const f
   float acc[kTok];
   row_dots(w, row_begin + r, x + t0 * ldx, ldx, nt, acc);
   if (threadIdx.x % 32 == 0)
+    for (int j = 0; j < nt; ++j) y[(t0 + j) * ldy + r] = acc[j];
+}
+
+// BF16 rows, 16-byte weight loads (8 elements) and float4 activation loads; cols % 256 == 0.
+// Lane l covers elements [l*8, l*8+8) of each 256-wide chunk; kUnroll chunks are loaded before use.
+constexpr int kUnroll = 4;
+__global__ void linear_bf16_kernel(const uint16_t* __restrict__ w, int64_t cols, int64_t row_begin, int64_t rows,
+                                   const float* __restrict__ x, int64_t T, int64_t ldx, float* __restrict__ y,
+                                   int64_t ldy) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (row_begin + r) * cols);
+  const int64_t chunks = cols / 256;
+  float acc[kTok];
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u < chunks) wv[u] = __ldg(wr + (c0 + u) * 32 + lane);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u >= chunks) break;
+      const int64_t k = (c0 + u) * 256 + lane * 8;
+      const uint32_t p[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        f[2 * e] = __uint_as_float(p[e] << 16);
+        f[2 * e + 1] = __uint_as_float(p[e] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int j = 0; j < kTok; ++j) {
+        if (j >= nt) break;
+        const float4* xv = reinterpret_cast<const float4*>(x + (t0 + j) * ldx + k);
+        const float4 a = xv[0], b = xv[1];
+        acc[j] += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z +
+                  f[7] * b.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = warp_sum(acc[j]);
+  if (lane == 0)
     for (int j = 0; j < nt; ++j) y[(t0 + j) * ldy + r] = acc[j];
 }
 
@@ -79,7 +130,13 @@ void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, in
             int64_t ldy, cudaStream_t stream) {
   if (rows <= 0 || T <= 0) return;
   dim3 grid(blocks_for(rows, kWarps), blocks_for(T, kTok));
-  linear_kernel<<<grid, kWarps * 32, 0, stream>>>(w, row_begin, rows, x, T, ldx, y, ldy);
+  const bool streaming = w.fmt == WFormat::kBF16 && w.cols % 256 == 0 && ldx % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
+  if (streaming)
+    linear_bf16_kernel<<<grid, kWarps * 32, 0, stream>>>(reinterpret_cast<const uint16_t*>(w.w), w.cols, row_begin,
+                                                         rows, x, T, ldx, y, ldy);
+  else
+    linear_kernel<<<grid, kWarps * 32, 0, stream>>>(w, row_begin, rows, x, T, ldx, y, ldy);
   check_launch("glue::linear");
 }
 

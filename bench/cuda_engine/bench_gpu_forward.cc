@@ -1,0 +1,266 @@
+// GPU forward benchmark on a V4-Flash-width checkpoint (random weights in the official formats; see
+// scripts/gpu/bench_flash.sh): per-layer time, batch-1 decode against the weight-bytes floor, decode tok/s at
+// several batch sizes, token-by-token prefill tok/s, and the extrapolation to the full 43-layer model.
+// Not a test: numbers only (docs/PERFORMANCE.md).
+//
+//   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
+//                     [--prefill 8192] [--full-layers 43] [--copy-gbs 0 (measure)]
+#include <cuda_runtime.h>
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/gpu/gpu_model.h"
+
+using namespace dsv4;
+
+namespace {
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) v.push_back(std::atoi(s.substr(i, j - i).c_str()));
+    i = j + 1;
+  }
+  return v;
+}
+
+// Device copy bandwidth (read + write bytes / time) of a 1 GiB cudaMemcpy, best of 10.
+double copy_gbs() {
+  const size_t n = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float best = 1e30f;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * n / (best * 1e-3) / 1e9;
+}
+
+// Weight bytes one batch-1 decode step reads, from the checkpoint: every tensor except the embedding table
+// (one row) and the routed experts (top_k of n_experts per layer).
+struct FloorBytes {
+  double per_layer = 0, head = 0;  // per_layer: mean over the layers
+};
+FloorBytes floor_bytes(const gpu::GpuModel& m, const Model& host) {
+  const ModelConfig& c = m.config();
+  double layers = 0, head = 0, experts = 0;
+  for (const auto& [name, t] : host.checkpoint().tensors()) {
+    if (name.rfind("mtp.", 0) == 0) continue;
+    const double b = static_cast<double>(t->nbytes);
+    if (name.find(".ffn.experts.") != std::string::npos) experts += b;
+    else if (name.find("embed") != std::string::npos) head += b / static_cast<double>(c.vocab_size);
+    else if (name.rfind("layers.", 0) == 0) layers += b;
+    else head += b;
+  }
+  FloorBytes f;
+  f.per_layer = (layers + experts * c.num_experts_per_tok / std::max(1, c.n_routed_experts)) / c.num_hidden_layers;
+  f.head = head;
+  return f;
+}
+
+// A crash prints its stack (the device machine has no gdb).
+void on_crash(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  const char msg[] = "bench_gpu_forward: fatal signal, stack:\n";
+  (void)!write(2, msg, sizeof(msg) - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  _exit(128 + sig);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model, kv = "fp8";
+  std::vector<int> batches = {1, 4, 16, 64};
+  int prompt = 512, decode = 32, prefill = 8192, full_layers = 43;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) { std::fprintf(stderr, "missing value after %s\n", a.c_str()); std::exit(2); }
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--kv") kv = next();
+    else if (a == "--batches") batches = parse_list(next());
+    else if (a == "--prompt") prompt = std::atoi(next().c_str());
+    else if (a == "--decode") decode = std::atoi(next().c_str());
+    else if (a == "--prefill") prefill = std::atoi(next().c_str());
+    else if (a == "--full-layers") full_layers = std::atoi(next().c_str());
+    else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
+  }
+  if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }
+  std::signal(SIGSEGV, on_crash);
+  std::signal(SIGABRT, on_crash);
+  try {
+    const double bw = copy_gbs();
+    gpu::GpuOptions o;
+    o.kv_dtype = kv == "bf16" ? KvDtype::kBF16 : kv == "f32" ? KvDtype::kF32 : KvDtype::kFP8;
+    o.max_seqs = *std::max_element(batches.begin(), batches.end());
+    o.max_model_len = std::max(prompt + decode + 8, prefill + decode + 8);
+    o.progress = true;
+    o.poison = false;
+    const double t_load = now_s();
+    auto m = gpu::GpuModel::load(model, o);
+    std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,
+                m->state_bytes() / 1e9);
+    EngineOptions eo;
+    auto host = Model::load(model, eo);
+    const ModelConfig& c = m->config();
+    const FloorBytes fb = floor_bytes(*m, *host);
+    host.reset();
+    const int L = c.num_hidden_layers;
+    std::printf("copy bandwidth %.0f GB/s; batch-1 weight bytes per layer %.1f MB, head+norms %.1f MB\n", bw,
+                fb.per_layer / 1e6, fb.head / 1e6);
+
+    std::printf("\n| batch | context | ms/step (graphs) | tok/s | per layer ms (eager profile) | head ms |\n"
+                "| --- | --- | --- | --- | --- | --- |\n");
+    double layer_ms_b1 = 0, head_ms_b1 = 0, step_ms_b1 = 0;
+    for (int B : batches) {
+      // Sequences of this batch size, freed at the end of the iteration.
+      std::vector<std::unique_ptr<gpu::GpuSequence>> seqs;
+      std::vector<gpu::GpuSeqChunk> b(B);
+      for (int i = 0; i < B; ++i) {
+        seqs.push_back(m->new_sequence());
+        b[i].seq = seqs.back().get();
+        b[i].return_logits = false;
+        for (int k = 0; k < prompt; ++k) b[i].tokens.push_back(2 + (k * 7 + i) % (c.vocab_size - 2));
+      }
+      m->forward(b);  // prompt, token-by-token steps of B tokens
+      for (auto& ch : b) ch.tokens = {ch.next_token};
+      m->forward(b);  // warm-up (first use of this graph key captures)
+      m->forward(b);
+      cudaDeviceSynchronize();
+      const double t0 = now_s();
+      for (int k = 0; k < decode; ++k) {
+        for (auto& ch : b) ch.tokens = {ch.next_token};
+        m->forward(b);
+      }
+      const double ms = 1e3 * (now_s() - t0) / decode;
+      std::printf("| %d | %d | %.3f | %.1f | | |\n", B, prompt + 3, ms, B * 1e3 / ms);
+      std::fprintf(stderr, "\nbatch %d done\n", B);
+      if (B == 1) step_ms_b1 = ms;
+      std::fflush(stdout);
+    }
+    // Token-by-token prefill (no chunked prefill yet) from an empty sequence, CUDA graphs per context bucket;
+    // then batch-1 decode at that context.
+    double prefill_tps = 0;
+    if (prefill > 0) {
+      std::fprintf(stderr, "\nprefill %d tokens\n", prefill);
+      auto s2 = m->new_sequence();
+      std::vector<gpu::GpuSeqChunk> pb(1);
+      pb[0].seq = s2.get();
+      pb[0].return_logits = false;
+      for (int k = 0; k < prefill; ++k) pb[0].tokens.push_back(2 + (k * 13) % (c.vocab_size - 2));
+      cudaDeviceSynchronize();
+      const double t0 = now_s();
+      m->forward(pb);
+      const double sec = now_s() - t0;
+      prefill_tps = prefill / sec;
+      pb[0].tokens = {pb[0].next_token};
+      m->forward(pb);
+      const double t1 = now_s();
+      for (int k = 0; k < decode; ++k) {
+        pb[0].tokens = {pb[0].next_token};
+        m->forward(pb);
+      }
+      const double ms = 1e3 * (now_s() - t1) / decode;
+      std::printf("| 1 | %d | %.3f | %.1f | | |\n", prefill + 1, ms, 1e3 / ms);
+      std::printf("\nprefill %d tokens, token by token with graphs, %d layers: %.2f s = %.0f tok/s\n", prefill, L, sec,
+                  prefill_tps);
+    }
+    m.reset();
+
+    // Per-layer split at batch 1 (eager launches with events between layers).
+    {
+      gpu::GpuOptions po = o;
+      po.max_seqs = 1;
+      po.profile_layers = true;
+      po.progress = false;
+      auto pm = gpu::GpuModel::load(model, po);
+      auto seq = pm->new_sequence();
+      std::vector<gpu::GpuSeqChunk> b(1);
+      b[0].seq = seq.get();
+      b[0].return_logits = false;
+      for (int k = 0; k < prompt; ++k) b[0].tokens.push_back(2 + (k * 7) % (c.vocab_size - 2));
+      pm->forward(b);
+      // Mean ms per operation over the decode steps, in launch order.
+      std::vector<std::pair<std::string, double>> sum;
+      for (int k = 0; k < decode; ++k) {
+        b[0].tokens = {b[0].next_token};
+        pm->forward(b);
+        const auto p = pm->step_profile_ms();
+        if (sum.empty()) sum = p, std::for_each(sum.begin(), sum.end(), [&](auto& e) { e.second = 0; });
+        for (size_t i = 0; i < p.size() && i < sum.size(); ++i) sum[i].second += p[i].second / decode;
+      }
+      double eager_total = 0;
+      std::vector<double> layer_ms(L, 0.0);
+      std::printf("\neager profile, batch 1, context %d, mean of %d steps (ms per operation, launch gaps included):\n",
+                  prompt, decode);
+      for (const auto& [name, v] : sum) {
+        eager_total += v;
+        if (name.size() > 1 && name[0] == 'L') {
+          const int li = std::atoi(name.c_str() + 1);
+          if (li >= 0 && li < L) layer_ms[li] += v;
+        } else {
+          head_ms_b1 += v;
+        }
+        std::printf("  %-24s %8.4f\n", name.c_str(), v);
+      }
+      for (int li = 0; li < L; ++li) {
+        std::printf("  layer %d (%s) total %.3f\n", li, c.attn_kind(li) == AttnKind::kCSA ? "CSA" :
+                    c.attn_kind(li) == AttnKind::kHCA ? "HCA" : "window", layer_ms[li]);
+        layer_ms_b1 += layer_ms[li] / L;
+      }
+      // Graph replay removes launch gaps: scale the eager split to the graph step time.
+      const double scale = step_ms_b1 > 0 ? step_ms_b1 / eager_total : 1.0;
+      const double layer_g = layer_ms_b1 * scale, head_g = head_ms_b1 * scale;
+      const double floor_ms_layer = fb.per_layer / (bw * 1e9) * 1e3, floor_ms_head = fb.head / (bw * 1e9) * 1e3;
+      const double full_ms = full_layers * layer_g + head_g;
+      const double full_floor = full_layers * floor_ms_layer + floor_ms_head;
+      std::printf("\nbatch-1 decode: eager step %.3f ms, graph step %.3f ms; per layer %.3f ms (graph-scaled) vs floor "
+                  "%.3f ms = %.0f%% of the weight-bandwidth floor\n", eager_total, step_ms_b1, layer_g,
+                  floor_ms_layer, 100 * floor_ms_layer / layer_g);
+      std::printf("extrapolated to %d layers + head: %.2f ms/token = %.1f tok/s; floor %.2f ms (%.2f GB) -> %.0f%% "
+                  "of the floor\n", full_layers, full_ms, 1e3 / full_ms, full_floor,
+                  (full_layers * fb.per_layer + fb.head) / 1e9, 100 * full_floor / full_ms);
+      if (prefill_tps > 0)
+        std::printf("prefill extrapolated to %d layers (per-layer share of the step as measured): %.0f tok/s\n",
+                    full_layers, prefill_tps * (L * layer_ms_b1 + head_ms_b1) / (full_layers * layer_ms_b1 + head_ms_b1));
+
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpu_forward: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
