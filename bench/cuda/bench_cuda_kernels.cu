@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -88,7 +89,15 @@ void line(const char* kind, const std::string& name, double us, double bytes, do
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --quick: fewer / smaller cases; --attn: copy peer + attention only; --attn-profile: one attention prefill
+  // variant (split-bf16, 2 head tiles, 4096 queries), 4 launches, for a profiler.
+  bool quick = false, attn_only = false, indexer_only = false, attn_profile = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--attn") == 0) attn_only = true;
+    if (std::strcmp(argv[i], "--attn-profile") == 0) attn_only = attn_profile = true;
+    if (std::strcmp(argv[i], "--indexer") == 0) indexer_only = true;  // copy peer + indexer rows only
+  }
   const cuda::DeviceConfig& dev = cuda::device_config();
   std::fprintf(stderr, "device: %s, %d SMs\n", dev.arch, dev.sm_count);
 
@@ -104,6 +113,7 @@ int main(int argc, char** argv) {
   CK(cudaFree(dst));
 
   // ---- top-k: rows x lengths x k, ratio = time / read floor (row bytes / copy bandwidth) ----
+  if (!attn_only && !indexer_only)
   for (int k : {512, 1024})
     for (int len : {8192, 65536, 262144})
       for (int rows : {1, 8, 64, 512}) {
@@ -123,90 +133,163 @@ int main(int argc, char** argv) {
         CK(cudaFree(out));
       }
 
-  // ---- indexer decode: few queries over a long FP8 key cache (136 B rows), ratio = achieved / copy BW ----
-  for (int64_t n_keys : {int64_t(65536), int64_t(262144)})
-    for (int nq : {1, 4}) {
-      const int64_t rb = 136;
-      const size_t set_bytes = size_t(n_keys) * rb;
+  // ---- indexer (scripts/gpu/run_indexer.sh runs --indexer: copy peer + these rows only) ----
+  // Decode: nq queries of different sequences, each over its own n_keys keys (per-query key_offset, or a
+  // block table of 64-row blocks handed out in shuffled order), keys rotated over sets totalling >= 256 MB.
+  // bytes = key rows + scores written; ratio = achieved bytes/s / copy bandwidth (read + write).
+  // Prefill: 4096 queries at positions 61440..65535 over 16K keys, causal (query p sees (p+1)/4 keys);
+  // flops = 2 * 64 * 128 * visible keys. "exact_q" rows run the older kernel (q as bf16 hi + lo) for comparison.
+  if (!attn_only) {
+    auto indexer_decode = [&](int nq, int64_t n_keys, cuda::IndexerKeyFormat fmt, bool paged, bool exact) {
+      const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
+      const int64_t rb = fp4 ? 68 : 136, bs = 64;
+      const int64_t per_q = paged ? (n_keys + bs - 1) / bs * bs : n_keys;
+      const size_t set_bytes = size_t(nq) * per_q * rb;
       const int sets = static_cast<int>(std::max<size_t>(1, std::min<size_t>(16, kRotateBytes / set_bytes)));
       uint8_t* keys = dalloc<uint8_t>(set_bytes * sets);
-      fill_bytes<<<1024, 256>>>(keys, set_bytes * sets, 77u, 120);  // e4m3 codes < 0x78 and scales ~2^-7..
+      fill_bytes<<<4096, 256>>>(keys, set_bytes * sets, 77u, 120);  // e4m3 codes < 0x78 and scales ~2^-7..
       float* q = dalloc<float>(size_t(nq) * 64 * 128);
       float* w = dalloc<float>(size_t(nq) * 64);
       float* out = dalloc<float>(size_t(nq) * n_keys);
       fill_normal<<<256, 256>>>(q, size_t(nq) * 64 * 128, 5u);
       fill_normal<<<16, 256>>>(w, size_t(nq) * 64, 6u);
+      const int max_blocks = static_cast<int>(per_q / bs);
+      std::vector<int64_t> offs(nq);
+      std::vector<int32_t> table(size_t(nq) * max_blocks);
+      for (int s = 0; s < nq; ++s) offs[s] = int64_t(s) * per_q;
+      for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+      std::shuffle(table.begin(), table.end(), std::mt19937(7));
+      int64_t* doffs = dalloc<int64_t>(nq);
+      int32_t* dtable = dalloc<int32_t>(table.size());
+      CK(cudaMemcpy(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
       cuda::IndexerArgs a;
       a.q = q; a.w = w; a.n_keys = n_keys; a.row_bytes = rb; a.scores = out; a.score_stride = n_keys; a.n_queries = nq;
+      a.format = fmt; a.exact_q = exact;
+      if (paged) { a.block_table = dtable; a.max_blocks = max_blocks; a.block_size = static_cast<int>(bs); }
+      else a.key_offset = doffs;
       const double us = time_us([&](int i) {
         cuda::IndexerArgs b = a;
         b.keys = keys + (i % sets) * set_bytes;
         cuda::indexer_scores_fp8(b, nullptr);
       });
-      const double bytes = double(set_bytes) + 4.0 * nq * n_keys;
+      const double bytes = double(nq) * n_keys * rb + 4.0 * nq * n_keys;
       const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
-      line("indexer_decode", "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys), us, bytes, flops,
-           "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
-      CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out));
-    }
+      line(exact ? "indexer_decode_exact_q" : "indexer_decode",
+           "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + (fp4 ? " mxfp4" : " fp8") +
+               (paged ? " paged64" : ""),
+           us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
+      CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(doffs)); CK(cudaFree(dtable));
+    };
+    using F = cuda::IndexerKeyFormat;
+    for (int nq : {1, 8, 64})
+      for (int64_t n_keys : {int64_t(8192), int64_t(65536), int64_t(262144)}) {
+        if (quick && nq * n_keys > 8 * 65536) continue;
+        indexer_decode(nq, n_keys, F::kFP8, false, false);
+      }
+    indexer_decode(64, 65536, F::kFP8, true, false);
+    indexer_decode(8, 262144, F::kFP8, true, false);
+    for (int nq : {1, 64})
+      for (int64_t n_keys : {int64_t(65536), int64_t(262144)}) indexer_decode(nq, n_keys, F::kMXFP4, false, false);
+    indexer_decode(1, 65536, F::kFP8, false, true);
+    indexer_decode(1, 262144, F::kFP8, false, true);
+    indexer_decode(64, 65536, F::kFP8, false, true);
 
-  // ---- indexer prefill: many queries, causal, TFLOP/s ----
-  {
-    const int nq = quick ? 256 : 2048;
-    const int64_t n_keys = 32768;
-    uint8_t* keys = dalloc<uint8_t>(size_t(n_keys) * 136);
-    fill_bytes<<<1024, 256>>>(keys, size_t(n_keys) * 136, 9u, 120);
-    float* q = dalloc<float>(size_t(nq) * 64 * 128);
-    float* w = dalloc<float>(size_t(nq) * 64);
-    float* out = dalloc<float>(size_t(nq) * n_keys);
-    fill_normal<<<256, 256>>>(q, size_t(nq) * 64 * 128, 5u);
-    fill_normal<<<16, 256>>>(w, size_t(nq) * 64, 6u);
-    cuda::IndexerArgs a;
-    a.q = q; a.w = w; a.keys = keys; a.n_keys = n_keys; a.row_bytes = 136; a.scores = out; a.score_stride = n_keys;
-    a.n_queries = nq;
-    const double us = time_us([&](int) { cuda::indexer_scores_fp8(a, nullptr); }, 10, 2);
-    const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
-    line("indexer_prefill", "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys), us, 0, flops, "TFLOP/s",
-         flops / (us * 1e-6) / 1e12);
-    CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out));
+    auto indexer_prefill = [&](cuda::IndexerKeyFormat fmt, bool exact) {
+      const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
+      const int nq = quick ? 512 : 4096;
+      const int64_t n_keys = 16384, rb = fp4 ? 68 : 136;
+      uint8_t* keys = dalloc<uint8_t>(size_t(n_keys) * rb);
+      fill_bytes<<<1024, 256>>>(keys, size_t(n_keys) * rb, 9u, 120);
+      float* q = dalloc<float>(size_t(nq) * 64 * 128);
+      float* w = dalloc<float>(size_t(nq) * 64);
+      float* out = dalloc<float>(size_t(nq) * n_keys);
+      fill_normal<<<256, 256>>>(q, size_t(nq) * 64 * 128, 5u);
+      fill_normal<<<16, 256>>>(w, size_t(nq) * 64, 6u);
+      std::vector<int32_t> vis(nq);
+      double visible = 0;
+      for (int s = 0; s < nq; ++s) {
+        const int64_t p = 4 * n_keys - nq + s;
+        vis[s] = static_cast<int32_t>((p + 1) / 4);
+        visible += vis[s];
+      }
+      int32_t* dvis = dalloc<int32_t>(nq);
+      CK(cudaMemcpy(dvis, vis.data(), vis.size() * 4, cudaMemcpyHostToDevice));
+      cuda::IndexerArgs a;
+      a.q = q; a.w = w; a.keys = keys; a.n_keys = n_keys; a.row_bytes = rb; a.scores = out; a.score_stride = n_keys;
+      a.n_queries = nq; a.n_visible = dvis; a.format = fmt; a.exact_q = exact;
+      const double us = time_us([&](int) { cuda::indexer_scores_fp8(a, nullptr); }, 10, 2);
+      const double flops = 2.0 * 64 * 128 * visible;
+      line(exact ? "indexer_prefill_exact_q" : "indexer_prefill",
+           "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + " causal" + (fp4 ? " mxfp4" : " fp8"), us,
+           0, flops, "TFLOP/s", flops / (us * 1e-6) / 1e12);
+      CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(dvis));
+    };
+    indexer_prefill(F::kFP8, false);
+    indexer_prefill(F::kMXFP4, false);
+    indexer_prefill(F::kFP8, true);
   }
+  if (indexer_only) return 0;
 
-  // ---- sparse attention: fp8 rows (584 B), 640 slots (128 window + 512 selected) per query ----
+  // ---- sparse attention: fp8 rows (584 B), 640 slots (128 window + 512 selected) per query, each precision.
+  // The gathered rows, q and out rotate over enough sets that one pass touches >= 256 MB (random rows of a
+  // 584 MB pool), so every call reads from DRAM. bytes = rows read + q + out; flops = 4 * 64 * 512 * slots.
+  // Rows "attn_decode" (metric: fraction of copy bandwidth) and "attn_prefill" (TFLOP/s); report.py shows both.
   {
-    const int64_t n_rows = 1 << 20;  // 584 MB pool, random gathers
+    const int64_t n_rows = 1 << 20;
     const int64_t rb = 584;
     uint8_t* kv = dalloc<uint8_t>(size_t(n_rows) * rb);
-    fill_bytes<<<4096, 256>>>(kv, size_t(n_rows) * rb, 3u, 120);
+    fill_bytes<<<4096, 256>>>(kv, size_t(n_rows) * rb, 3u, 120);  // finite e4m3 codes, scales 2^-127..2^-8
     float* sink = dalloc<float>(64);
     fill_normal<<<1, 64>>>(sink, 64, 8u);
-    for (int nq : {1, 8, 64, 2048}) {
+    // Variants: precision x head tiles per CTA (DSV4_ATTN_HEAD_TILES, read by each call; fp32 has none).
+    struct Variant { cuda::AttnPrecision prec; const char* tiles; const char* name; };
+    const Variant variants[] = {{cuda::AttnPrecision::kSplitBf16, "2", "split-bf16 t2"},
+                                {cuda::AttnPrecision::kSplitBf16, "1", "split-bf16 t1"},
+                                {cuda::AttnPrecision::kBf16, "2", "bf16 t2"},
+                                {cuda::AttnPrecision::kBf16, "1", "bf16 t1"},
+                                {cuda::AttnPrecision::kFp32, "2", "fp32"}};
+    for (int nq : {1, 8, 64, 4096}) {
       if (quick && nq > 64) continue;
+      if (attn_profile && nq != 4096) continue;
       const int n_slots = 640;
-      float* q = dalloc<float>(size_t(nq) * 64 * 512);
-      float* out = dalloc<float>(size_t(nq) * 64 * 512);
-      int32_t* slots = dalloc<int32_t>(size_t(nq) * n_slots * 4);
-      fill_normal<<<1024, 256>>>(q, size_t(nq) * 64 * 512, 11u);
-      fill_index<<<1024, 256>>>(slots, size_t(nq) * n_slots * 4, 12u, static_cast<int32_t>(n_rows));
+      const size_t qe = size_t(nq) * 64 * 512;
+      const double set_bytes = double(nq) * n_slots * rb + 8.0 * qe;
+      const int sets = static_cast<int>(std::max(1.0, std::min(1024.0, std::ceil(double(kRotateBytes) / set_bytes))));
+      float* q = dalloc<float>(qe * sets);
+      float* out = dalloc<float>(qe * sets);
+      int32_t* slots = dalloc<int32_t>(size_t(nq) * n_slots * sets);
+      fill_normal<<<1024, 256>>>(q, qe * sets, 11u);
+      fill_index<<<1024, 256>>>(slots, size_t(nq) * n_slots * sets, 12u, static_cast<int32_t>(n_rows));
       const size_t ws_bytes = cuda::sparse_attention_workspace_bytes(nq, n_slots);
       void* ws = dalloc<uint8_t>(ws_bytes);
-      cuda::SparseAttentionArgs a;
-      a.q = q; a.kv = kv; a.n_rows = n_rows; a.row_bytes = rb; a.format = cuda::KvRowFormat::kFP8;
-      a.n_slots = n_slots; a.sink = sink; a.scale = 1.0f / std::sqrt(512.f); a.out = out; a.n_queries = nq;
-      a.workspace = ws;
-      const double us = time_us([&](int i) {
-        cuda::SparseAttentionArgs b = a;
-        b.slots = slots + size_t(i % 4) * nq * n_slots;  // rotate the gathered rows
-        cuda::sparse_attention(b, nullptr);
-      }, nq > 64 ? 10 : 30, nq > 64 ? 2 : 10);
-      const double bytes = double(nq) * n_slots * rb + 2.0 * 4 * nq * 64 * 512;
-      const double flops = 4.0 * 64 * 512 * double(n_slots) * nq;
-      const std::string name = "q=" + std::to_string(nq) + " slots=640 fp8";
-      if (nq <= 64)
-        line("attn_decode", name, us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
-      else
-        line("attn_prefill", name, us, bytes, flops, "TFLOP/s", flops / (us * 1e-6) / 1e12);
+      for (const Variant& var : variants) {
+        if (attn_profile && &var != &variants[0]) continue;
+        setenv("DSV4_ATTN_HEAD_TILES", var.tiles, 1);
+        cuda::SparseAttentionArgs a;
+        a.kv = kv; a.n_rows = n_rows; a.row_bytes = rb; a.format = cuda::KvRowFormat::kFP8;
+        a.n_slots = n_slots; a.sink = sink; a.scale = 1.0f / std::sqrt(512.f); a.n_queries = nq;
+        a.workspace = ws; a.precision = var.prec;
+        const bool big = nq > 64;
+        const double us = time_us([&](int i) {
+          cuda::SparseAttentionArgs b = a;
+          const int k = i % sets;
+          b.slots = slots + size_t(k) * nq * n_slots;
+          b.q = q + size_t(k) * qe;
+          b.out = out + size_t(k) * qe;
+          cuda::sparse_attention(b, nullptr);
+        }, attn_profile ? 1 : big ? 10 : 50, attn_profile ? 1 : big ? 2 : 20);
+        const double bytes = double(nq) * n_slots * rb + 2.0 * 4 * qe;
+        const double flops = 4.0 * 64 * 512 * double(n_slots) * nq;
+        const std::string name = "q=" + std::to_string(nq) + " slots=640 fp8 " + var.name;
+        if (!big)
+          line("attn_decode", name, us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
+        else
+          line("attn_prefill", name, us, bytes, flops, "TFLOP/s", flops / (us * 1e-6) / 1e12);
+      }
       CK(cudaFree(q)); CK(cudaFree(out)); CK(cudaFree(slots)); CK(cudaFree(ws));
     }
+    unsetenv("DSV4_ATTN_HEAD_TILES");
     CK(cudaFree(kv)); CK(cudaFree(sink));
   }
   return 0;

@@ -30,6 +30,17 @@ print()
 print("| kernel | case | us | metric | value |")
 print("| --- | --- | ---: | --- | ---: |")
 for r in ours:
-    if r[0] in ("topk", "copy"):
+    if r[0] in ("topk", "copy") or r[0].startswith("attn_"):
         continue
     print(f"| {r[0]} | {r[1]} | {float(r[2]):.1f} | {r[5]} | {float(r[6]):.3f} |")
+attn = [r for r in ours if r[0].startswith("attn_")]
+if attn:
+    bw = float(copy[0][6]) if copy else 0.0
+    print()
+    print("| sparse attention case | us | GB/s | of copy BW | TFLOP/s |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for r in attn:
+        us, by, fl = float(r[2]), float(r[3]), float(r[4])
+        gbs = by / us / 1e3
+        frac = f"{100 * gbs / bw:.1f}%" if bw else "-"
+        print(f"| {r[1]} | {us:.1f} | {gbs:.0f} | {frac} | {fl / us / 1e6:.1f} |")

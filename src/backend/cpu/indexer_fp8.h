@@ -10,4 +10,10 @@ namespace dsv4::cpu {
 void indexer_scores_fp8(const float* q, const float* w, int H, int d, const uint8_t* keys, int64_t n,
                         int64_t row_bytes, int64_t n_visible, float* scores);
 
+// The same over MXFP4 key rows (d = 128): d/2 bytes of e2m1 pairs (element 2i in the LOW nibble of byte i)
+// followed by d/32 UE8M0 scales, one per 32 consecutive elements (68 B for d = 128); rows `row_bytes` apart.
+// k[t][i] = e2m1(nibble i) * 2^(scale[i / 32] - 127); plain loops, fp32 sums in the order of indexer_scores.
+void indexer_scores_mxfp4(const float* q, const float* w, int H, int d, const uint8_t* keys, int64_t n,
+                          int64_t row_bytes, int64_t n_visible, float* scores);
+
 }  // namespace dsv4::cpu

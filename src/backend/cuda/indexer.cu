@@ -1,21 +1,19 @@
-// Lightning-indexer scores over FP8 keys (reference: cpu::indexer_scores_fp8; formula spec dsv4-model.md 2.4):
-//   I(s,t) = sum_h w[s,h] * ReLU(q[s,h] . k[t]) * d^-0.5,   k[t] = e4m3(t) * 2^(e(t) - 127)
-// The per-key scale is a positive power of two, so ReLU(q . (e4m3 * s)) = s * ReLU(q . e4m3): the dot runs on
-// the raw e4m3 values and the scale is applied once per (key, head) after it.
+// Lightning-indexer scores (reference: cpu::indexer_scores_fp8 / cpu::indexer_scores_mxfp4; formula spec
+// dsv4-model.md 2.4):  I(s,t) = sum_h w[s,h] * ReLU(q[s,h] . k[t]) * d^-0.5.
+// Key t of query s is addressed per query (shared rows, key_offset[s] + t, or a block table), so one launch
+// serves a batch of decode queries from different sequences; n_visible is read on the device.
 //
-// Tensor cores (mma.sync m16n8k16 bf16 -> fp32, the path shared by sm_90a and sm_12x): M = 16 keys, N = 8 heads,
-// K = 16 dims. Numerics: every e4m3 value is exact in bf16 (3 mantissa bits, exponents well inside bf16's
-// range), and q is split once per CTA into q_hi + q_lo, both bf16, so q is carried to ~16 significant bits;
-// the products are exact and accumulate in fp32, two mma per tile (hi and lo). The result matches the fp32
-// reference to ~1e-5 of the row's largest score (the test allows 1e-4).
-//
-// Work layout: a CTA of 4 warps serves one query; warp w owns heads 16w .. 16w+15 and keeps their q_hi / q_lo
-// B fragments in registers for the whole launch (64 registers). The CTA walks tiles of 64 keys (grid-stride);
-// each warp handles the tile's 4 groups of 16 keys for its heads, reading the key bytes straight from global
-// memory (the other three warps' reads of the same bytes hit L1). The dot is order-free over dims, so the K
-// dimension is permuted: lane (g, c) takes the 8 contiguous bytes 32j + 8c .. +7 of its two rows (one 8-byte
-// load) as the A elements of k-steps 2j and 2j+1, and the q fragments use the same permutation. Per key, the
-// four warps' partial sums over their heads are added in a fixed order, so results do not depend on timing.
+// Two kernels:
+//  * indexer_stream_kernel (default, FP8 and MXFP4 keys): q rounded once to fp16 with a per-head power-of-two
+//    scale and kept in shared memory; keys streamed through per-warp cp.async rings, each key converted and
+//    multiplied by exactly one warp against all 64 heads (comment above the kernel).
+//  * indexer_fp8_kernel (exact_q, FP8 only): the first tensor-core kernel, kept as the high-precision option.
+//    mma.sync m16n8k16 bf16 with M = 16 keys, N = 8 heads; q split into bf16 q_hi + q_lo (~16 significant
+//    bits, two mma per tile), matching the fp32 reference to ~1e-5 of the row's largest score (test: 1e-4).
+//    A CTA of 4 warps serves one query; warp w keeps the B fragments of heads 16w..16w+15 in registers and
+//    reads key bytes straight from global memory (8-byte loads, K permuted identically for keys and q); the
+//    four warps' per-key partial sums are added in a fixed order.
+// Both are deterministic (fixed summation order, no atomics).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -66,6 +64,19 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Row of key t of query s (kernels.h): paged, per-query offset, or shared.
+__device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, int64_t t) {
+  int64_t r;
+  if (a.block_table != nullptr) {
+    const int64_t b = t / a.block_size;
+    r = static_cast<int64_t>(__ldg(a.block_table + static_cast<int64_t>(s) * a.max_blocks + b)) * a.block_size +
+        (t - b * a.block_size);
+  } else {
+    r = (a.key_offset != nullptr ? __ldg(a.key_offset + s) : 0) + t;
+  }
+  return a.keys + r * a.row_bytes;
+}
+
 __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a) {
   __shared__ float red[kWarps][kKeys];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -114,8 +125,8 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
       const int64_t ta = t0 + 16 * grp + g, tb = ta + 8;
       uint2 ka[kSteps / 2], kb[kSteps / 2];
       float sa = 0.f, sb = 0.f;
-      const uint8_t* ra = a.keys + ta * a.row_bytes;
-      const uint8_t* rb = a.keys + tb * a.row_bytes;
+      const uint8_t* ra = ta < n_vis ? key_row(a, s, ta) : a.keys;
+      const uint8_t* rb = tb < n_vis ? key_row(a, s, tb) : a.keys;
 #pragma unroll
       for (int j = 0; j < kSteps / 2; ++j) {
         ka[j] = ta < n_vis ? __ldg(reinterpret_cast<const uint2*>(ra + 32 * j + 8 * c)) : make_uint2(0u, 0u);
@@ -167,24 +178,355 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
   }
 }
 
+
+// ============================ streaming kernel (default) ============================================
+// Keys as M: mma.sync m16n8k16 f16 x f16 -> f32 with M = 16 keys, N = 8 heads, K = 16 dims. A CTA of 4 warps
+// serves one query; q (64 heads x 128, fp16) sits in shared memory and each warp streams its own run of keys:
+// a unit of 32 keys (two m-tiles) is converted once into A fragments (64 registers), then multiplied by the
+// 8 n-tiles of heads, whose B fragments come from shared memory by ldmatrix.x4 (each shared by both m-tiles).
+// The dot is order-free over dims, so K is permuted: in k-step ks, thread (g, c) covers dims 32c + 4ks +
+// {0,1} (logical k 2c, 2c+1) and 32c + 4ks + {2,3} (logical 2c+8, 2c+9); thread c therefore reads the 32
+// contiguous dims 32c .. 32c+31 of its rows (32 B of e4m3, or 16 B of e2m1 = exactly one MXFP4 scale block),
+// and q is written to shared memory in the same logical order. ReLU and the head weights are applied per
+// n-tile into 4 running per-key sums per thread, reduced over the 4 threads of a group at the end of a unit.
+// Keys stream through a per-warp ring of kStages units (cp.async, 8-byte chunks for FP8, 4-byte for MXFP4,
+// zero-filled past n_visible), so each warp keeps its next unit in flight without block barriers. Warps own
+// contiguous runs of units; grid = (CTAs per query, queries). On sm_90a: FP8 128 registers and 54,528 B of
+// shared memory (4 CTAs = 16 warps per SM), MXFP4 168 registers and 38,144 B (3 CTAs per SM).
+// Tried and dropped: e4m3 -> fp16 by integer ops (PRMT/SHF/LOP3) instead of cvt: 3-4% slower on the H200;
+// the earlier "heads as M" layout (all 64 heads' q in 128 registers per warp, 8 warps per SM): 1.6x slower.
+// q: per head h, q' = q * 2^e_h with max|q'| in [2^14, 2^15), rounded to fp16 (relative error <= 2^-11; the
+// smallest elements may be fp16 subnormals: absolute error <= 2^-25 * 2^-e_h <= 2^-38 max|q_h|); the scale is
+// undone exactly through w'_h = w_h * 2^-e_h. Keys: e4m3 -> fp16 is exact; e2m1 * 2^(e_b - e_max) is exact in
+// fp16 while e_max - e_b <= 23 (else rounded at 2^-25 of the row's largest block scale, flushed past 38).
+// Products are exact in fp32; sums are fp32. Per key the score is (sum_h w'_h ReLU(acc_h)) * s_key * d^-0.5,
+// s_key = 2^(e - 127) (FP8) or 2^(e_max - 127) (MXFP4): ReLU(x s) = s ReLU(x) for s > 0. Error bound (used
+// by the test): |I - I_ref| <= 2^-10 * d^-0.5 sum_h |w_h| sum_d |q_hd k_td| + 2^-23 * d^-0.5 * s_key *
+// sum_h |w_h| sum_d |q_hd| (the second term only matters for MXFP4 rows with very unequal block scales).
+constexpr int kUnit = 32;    // keys per ring stage (two m-tiles of 16)
+constexpr int kStages = 2;   // ring depth per warp
+constexpr int kChunks = 17;  // copy chunks per key row: 17 x 8 B (FP8, 136 B) or 17 x 4 B (MXFP4, 68 B)
+constexpr int kQRow = kD + 8;  // halfs per q row in shared memory (272 B: 16-byte aligned, ldmatrix conflict-free)
+
+template <IndexerKeyFormat F>
+struct KeyFmt;
+template <>
+struct KeyFmt<IndexerKeyFormat::kFP8> {
+  static constexpr int kChunk = 8, kRowS = 144;
+};
+template <>
+struct KeyFmt<IndexerKeyFormat::kMXFP4> {
+  static constexpr int kChunk = 4, kRowS = 80;
+};
+
+// Resident CTAs per SM the register budget is sized for: sm_90 (227 KB of shared memory per SM) holds 4 FP8
+// CTAs of 54 KB (128 registers) or 3 MXFP4 CTAs (168 registers); sm_12x (~100 KB) holds 1 FP8 / 2 MXFP4 CTAs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr int kMinBlocksFP8 = 1, kMinBlocksFP4 = 2;
+#else
+constexpr int kMinBlocksFP8 = 4, kMinBlocksFP4 = 3;
+#endif
+
+template <IndexerKeyFormat F>
+constexpr int smem_bytes() {
+  return 256 + kH * kQRow * 2 + kWarps * kStages * kUnit * KeyFmt<F>::kRowS;
+}
+
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 codes (low byte first) -> f16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(hr.x) | (static_cast<uint32_t>(hr.y) << 16);
+}
+
+// One byte of two e2m1 codes (low nibble first) -> f16x2 holding value * 2^-14 (bit placement: sign to bit
+// 15, exponent and mantissa to bits 9..11; e2m1 subnormals land on fp16 subnormals with the same 2^-14 ratio).
+__device__ __forceinline__ uint32_t e2m1x2_raw(uint32_t b) {
+  const uint32_t t = b | (b << 12);
+  return ((t & 0x00080008u) << 12) | ((t & 0x00070007u) << 9);
+}
+
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t x, uint32_t f) {
+  __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&f));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// fp16 2^E for E in [-24, 14] (0 below).
+__device__ __forceinline__ uint32_t pow2_half_bits(int E) {
+  if (E >= -14) return static_cast<uint32_t>(E + 15) << 10;
+  if (E >= -24) return 1u << (E + 24);
+  return 0u;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <IndexerKeyFormat F>
+__global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBlocksFP8 : kMinBlocksFP4)
+    indexer_stream_kernel(IndexerArgs a, int64_t units_per_warp) {
+  using KF = KeyFmt<F>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* wq = reinterpret_cast<float*>(smem);
+  __half* qs = reinterpret_cast<__half*>(smem + 256);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;
+  uint8_t* ring = smem + 256 + kH * kQRow * 2 + warp * (kStages * kUnit * KF::kRowS);
+  const int s = blockIdx.y;
+
+  const int64_t n_vis = a.n_visible ? max(int64_t{0}, min(static_cast<int64_t>(a.n_visible[s]), a.n_keys))
+                                    : a.n_keys;
+  const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
+  const int64_t u0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * units_per_warp;
+  const int64_t u1 = min(u0 + units_per_warp, n_units);
+  const int64_t vis_units = (n_vis + kUnit - 1) / kUnit;
+  const int64_t n_do = max(int64_t{0}, min(u1, vis_units) - u0);  // units with work (warp-uniform)
+
+  // Issue the copies of unit u0 + i into ring stage i % kStages. Lane k resolves key k's row address.
+  auto issue = [&](int64_t i) {
+    const int64_t t = (u0 + i) * kUnit + lane;
+    const uint8_t* mine = t < n_vis ? key_row(a, s, t) : nullptr;
+    uint8_t* dst = ring + (i % kStages) * (kUnit * KF::kRowS);
+#pragma unroll
+    for (int it = 0; it < kChunks; ++it) {  // 32 keys x 17 chunks = 17 rounds of 32 lanes
+      const int ch = it * 32 + lane;
+      const int k = ch / kChunks;
+      const int part = ch - k * kChunks;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), k));
+      if (src != nullptr)
+        cp_async<KF::kChunk>(dst + k * KF::kRowS + part * KF::kChunk, src + part * KF::kChunk, KF::kChunk);
+      else
+        cp_async<KF::kChunk>(dst + k * KF::kRowS + part * KF::kChunk, a.keys, 0);  // zero fill
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    if (i < n_do) issue(i);
+    cp_async_commit();
+  }
+
+  // q -> fp16 with a per-head power-of-two scale, into shared memory in the permuted K order (row h, logical
+  // position 16 ks + lk); two threads per head.
+  {
+    const int h = tid >> 1, half = tid & 1;
+    const float* qr = a.q + (static_cast<int64_t>(s) * kH + h) * kD + half * (kD / 2);
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(qr) + j);
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    int e = 0;
+    if (m > 0.f && m < INFINITY) {
+      int ex;
+      frexpf(m, &ex);  // m < 2^ex <= 2m
+      e = max(-100, min(100, 15 - ex));
+    }
+    __half* dst = qs + h * kQRow;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(qr) + j);
+      const int p = half * (kD / 2) + 4 * j;  // dims p .. p+3: thread column cc, k-step ks
+      const int cc = p >> 5, ks = (p & 31) >> 2;
+      *reinterpret_cast<__half2*>(dst + 16 * ks + 2 * cc) = __floats2half2_rn(ldexpf(v.x, e), ldexpf(v.y, e));
+      *reinterpret_cast<__half2*>(dst + 16 * ks + 8 + 2 * cc) = __floats2half2_rn(ldexpf(v.z, e), ldexpf(v.w, e));
+    }
+    if (half == 0) wq[h] = ldexpf(a.w[static_cast<int64_t>(s) * kH + h], -e);
+  }
+  __syncthreads();
+
+  // ldmatrix.x4 row address of this lane: matrix (lane >> 3) = (k-step 2kk + (lane >> 4), half (lane >> 3) & 1),
+  // row (lane & 7) = head 8 nt + (lane & 7).
+  const __half* qlane = qs + (lane & 7) * kQRow + (lane >> 4) * 16 + ((lane >> 3) & 1) * 8;
+  float* out = a.scores + static_cast<int64_t>(s) * a.score_stride;
+  const float softmax_scale = rsqrtf(static_cast<float>(kD));
+  for (int64_t i = 0; i < n_do; ++i) {
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const uint8_t* buf = ring + (i % kStages) * (kUnit * KF::kRowS);
+    const int64_t t0 = (u0 + i) * kUnit;
+    // A fragments of keys 16 mt + g + 8 r: a[r] / a[2 + r] = logical k (2c, 2c+1) / (2c+8, 2c+9).
+    uint32_t af[2][kSteps][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint8_t* row = buf + (16 * mt + g + 8 * r) * KF::kRowS;
+        if constexpr (F == IndexerKeyFormat::kFP8) {
+          const uint4 k0 = *reinterpret_cast<const uint4*>(row + 32 * c);
+          const uint4 k1 = *reinterpret_cast<const uint4*>(row + 32 * c + 16);
+          const uint32_t kw[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+#pragma unroll
+          for (int ks = 0; ks < kSteps; ++ks) {
+            af[mt][ks][r] = e4m3x2_to_f16x2(kw[ks]);
+            af[mt][ks][2 + r] = e4m3x2_to_f16x2(kw[ks] >> 16);
+          }
+        } else {
+          const uint4 k0 = *reinterpret_cast<const uint4*>(row + 16 * c);
+          const uint32_t sc = *reinterpret_cast<const uint32_t*>(row + 64);
+          const int emax = max(max(static_cast<int>(sc & 0xff), static_cast<int>((sc >> 8) & 0xff)),
+                               max(static_cast<int>((sc >> 16) & 0xff), static_cast<int>(sc >> 24)));
+          const int ec = (sc >> (8 * c)) & 0xff;
+          const uint32_t f1 = pow2_half_bits(14 - (emax - ec));
+          const uint32_t f = f1 | (f1 << 16);
+          const uint32_t kw[4] = {k0.x, k0.y, k0.z, k0.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+              af[mt][2 * j + b / 2][2 * (b & 1) + r] = hmul2_u32(e2m1x2_raw((kw[j] >> (8 * b)) & 0xffu), f);
+        }
+      }
+    // acc[mt]: {key 16mt+g, key 16mt+g+8} x {head 8nt+2c, head 8nt+2c+1} as {0: (g, 2c), 1: (g, 2c+1),
+    // 2: (g+8, 2c), 3: (g+8, 2c+1)}.
+    float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int nt = 0; nt < kH / 8; ++nt) {
+      float acc[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kSteps / 2; ++kk) {
+        uint32_t bq[4];
+        ldmatrix_x4(bq, qlane + 8 * nt * kQRow + 32 * kk);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_f16(acc[mt], af[mt][2 * kk], bq[0], bq[1]);
+          mma_f16(acc[mt], af[mt][2 * kk + 1], bq[2], bq[3]);
+        }
+      }
+      const float2 wv = *reinterpret_cast<const float2*>(wq + 8 * nt + 2 * c);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        sum[mt][0] += wv.x * fmaxf(acc[mt][0], 0.f) + wv.y * fmaxf(acc[mt][1], 0.f);
+        sum[mt][1] += wv.x * fmaxf(acc[mt][2], 0.f) + wv.y * fmaxf(acc[mt][3], 0.f);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[mt][r] += __shfl_xor_sync(0xffffffffu, sum[mt][r], 1);
+        sum[mt][r] += __shfl_xor_sync(0xffffffffu, sum[mt][r], 2);
+      }
+    if (c == 0) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int k = 16 * mt + g + 8 * r;
+          const uint8_t* row = buf + k * KF::kRowS;
+          float sk;
+          if constexpr (F == IndexerKeyFormat::kFP8) {
+            sk = e8m0(row[kD]);
+          } else {
+            const uint32_t sc = *reinterpret_cast<const uint32_t*>(row + 64);
+            sk = e8m0(static_cast<uint8_t>(max(max(sc & 0xff, (sc >> 8) & 0xff), max((sc >> 16) & 0xff, sc >> 24))));
+          }
+          const int64_t t = t0 + k;
+          if (t < a.n_keys) out[t] = t < n_vis ? sum[mt][r] * sk * softmax_scale : -INFINITY;
+        }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    if (i + kStages < n_do) issue(i + kStages);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  for (int64_t i = n_do; i < u1 - u0; ++i) {  // units past n_visible
+    const int64_t t = (u0 + i) * kUnit + lane;
+    if (t < a.n_keys) out[t] = -INFINITY;
+  }
+}
+
 }  // namespace
 
 void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
   const DeviceConfig& dev = device_config();
+  const bool fp4 = a.format == IndexerKeyFormat::kMXFP4;
+  if (a.format != IndexerKeyFormat::kFP8 && !fp4) fail("cuda::indexer_scores_fp8: unknown key format");
   if (a.n_queries < 0 || a.n_keys < 0) fail("cuda::indexer_scores_fp8: negative shape");
   if (a.n_queries == 0 || a.n_keys == 0) return;
   if (a.n_queries > 65535) fail("cuda::indexer_scores_fp8: ", a.n_queries, " queries in one call (at most 65535)");
-  if (a.row_bytes < kD + 1 || a.row_bytes % 8 || reinterpret_cast<uintptr_t>(a.keys) % 8)
-    fail("cuda::indexer_scores_fp8: key rows of ", a.row_bytes,
-         " B are not supported (need >= 129 B, 8-byte aligned, scale byte at offset 128)");
+  if (!fp4 && (a.row_bytes < 136 || a.row_bytes % 8 || reinterpret_cast<uintptr_t>(a.keys) % 8))
+    fail("cuda::indexer_scores_fp8: FP8 key rows of ", a.row_bytes,
+         " B are not supported (need >= 136 B, 8-byte aligned, scale byte at offset 128)");
+  if (fp4 && (a.row_bytes < 68 || a.row_bytes % 4 || reinterpret_cast<uintptr_t>(a.keys) % 4))
+    fail("cuda::indexer_scores_fp8: MXFP4 key rows of ", a.row_bytes,
+         " B are not supported (need >= 68 B, 4-byte aligned, scales at offset 64)");
+  if (fp4 && a.exact_q) fail("cuda::indexer_scores_fp8: exact_q supports FP8 keys only");
+  if (a.block_table != nullptr && (a.block_size <= 0 || a.max_blocks <= 0 || a.key_offset != nullptr))
+    fail("cuda::indexer_scores_fp8: block table needs block_size > 0, max_blocks > 0 and no key_offset (got ",
+         a.block_size, ", ", a.max_blocks, ")");
+  if (a.block_table != nullptr && (a.n_keys + a.block_size - 1) / a.block_size > a.max_blocks)
+    fail("cuda::indexer_scores_fp8: ", a.n_keys, " keys need more than max_blocks = ", a.max_blocks, " blocks of ",
+         a.block_size);
   if (a.score_stride < a.n_keys) fail("cuda::indexer_scores_fp8: score stride ", a.score_stride, " < ", a.n_keys);
   if (reinterpret_cast<uintptr_t>(a.q) % 16) fail("cuda::indexer_scores_fp8: q must be 16-byte aligned");
-  const int64_t n_tiles = (a.n_keys + kKeys - 1) / kKeys;
-  // Enough CTAs for ~8 resident per SM in total, each reusing its q fragments over many tiles.
-  int64_t per_query = (8LL * dev.sm_count + a.n_queries - 1) / a.n_queries;
-  per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, n_tiles));
-  indexer_fp8_kernel<<<dim3(static_cast<unsigned>(per_query), a.n_queries), kThreads, 0, stream>>>(a);
-  check(cudaGetLastError(), "indexer_fp8_kernel launch");
+  if (a.exact_q) {
+    const int64_t n_tiles = (a.n_keys + kKeys - 1) / kKeys;
+    // Enough CTAs for ~8 resident per SM in total, each reusing its q fragments over many tiles.
+    int64_t per_query = (8LL * dev.sm_count + a.n_queries - 1) / a.n_queries;
+    per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, n_tiles));
+    indexer_fp8_kernel<<<dim3(static_cast<unsigned>(per_query), a.n_queries), kThreads, 0, stream>>>(a);
+    check(cudaGetLastError(), "indexer_fp8_kernel launch");
+    return;
+  }
+  // One wave of 4 CTAs per SM over all queries when possible, but at least kMinUnits units (of 32 keys) per
+  // warp so the per-CTA q setup (32 KB read, 64 x 128 conversions) stays small against the keys it serves.
+  constexpr int64_t kMinUnits = 2;
+  const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
+  int64_t per_query = (4LL * dev.sm_count + a.n_queries - 1) / a.n_queries;
+  per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, (n_units + kWarps * kMinUnits - 1) / (kWarps * kMinUnits)));
+  const int64_t units_per_warp = (n_units + per_query * kWarps - 1) / (per_query * kWarps);
+  per_query = (n_units + units_per_warp * kWarps - 1) / (units_per_warp * kWarps);
+  if (per_query > 0x7fffffffLL) fail("cuda::indexer_scores_fp8: too many keys (", a.n_keys, ")");
+  const dim3 grid(static_cast<unsigned>(per_query), static_cast<unsigned>(a.n_queries));
+  if (fp4) {
+    constexpr int smem = smem_bytes<IndexerKeyFormat::kMXFP4>();
+    static const bool attr = [] {
+      check(cudaFuncSetAttribute(indexer_stream_kernel<IndexerKeyFormat::kMXFP4>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            "indexer smem attribute");
+      return true;
+    }();
+    (void)attr;
+    indexer_stream_kernel<IndexerKeyFormat::kMXFP4><<<grid, kThreads, smem, stream>>>(a, units_per_warp);
+  } else {
+    constexpr int smem = smem_bytes<IndexerKeyFormat::kFP8>();
+    static const bool attr = [] {
+      check(cudaFuncSetAttribute(indexer_stream_kernel<IndexerKeyFormat::kFP8>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            "indexer smem attribute");
+      return true;
+    }();
+    (void)attr;
+    indexer_stream_kernel<IndexerKeyFormat::kFP8><<<grid, kThreads, smem, stream>>>(a, units_per_warp);
+  }
+  check(cudaGetLastError(), "indexer_stream_kernel launch");
 }
 
 }  // namespace dsv4::cuda

@@ -37,6 +37,12 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
 // ---- sparse attention with per-head sinks (reference: cpu::sparse_attention) ---------------------------------
 // K = V rows of 512 dims stored in one of the KvCodec layouts (engine/kv_state.h):
 enum class KvRowFormat { kF32, kBF16, kFP8 };  // fp8: 448 e4m3 + 64 bf16 RoPE + 7 UE8M0 scales (584 B)
+// Arithmetic of the product Q K^T and P V (docs/KERNELS.md, "Sparse attention"). K / V rows of the fp8 and bf16
+// layouts are exact in bf16, so only q and the probabilities P are rounded:
+//   kSplitBf16 (default): bf16 tensor cores, q and P split into bf16 hi + lo (relative error <= 2^-16 each);
+//   kBf16: bf16 tensor cores, q and P rounded once to bf16 (relative error <= 2^-8, as FlashMLA);
+//   kFp32: the CUDA-core fp32 kernel (slow; the exact reference path).
+enum class AttnPrecision { kSplitBf16, kBf16, kFp32 };
 struct SparseAttentionArgs {
   const float* q = nullptr;        // [n_queries, 64, 512]
   const uint8_t* kv = nullptr;     // [n_rows, row_bytes]
@@ -51,29 +57,50 @@ struct SparseAttentionArgs {
   float* out = nullptr;            // [n_queries, 64, 512]
   int n_queries = 0;
   void* workspace = nullptr;       // sparse_attention_workspace_bytes(...) bytes (split-K partials)
+  AttnPrecision precision = AttnPrecision::kSplitBf16;  // fp8 / bf16 rows only; f32 rows always use kFp32
 };
 constexpr int kAttnHeads = 64;
 constexpr int kAttnDim = 512;
 size_t sparse_attention_workspace_bytes(int n_queries, int n_slots);
 void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 
-// ---- lightning indexer scores over FP8 keys (reference: cpu::indexer_scores_fp8) -----------------------------
-// I(s,t) = sum_h w[s,h] * ReLU(q[s,h] . k[t]) * d^-0.5 with k[t] = e4m3 bytes * 2^(scale byte - 127).
-// Key row t: 128 e4m3 bytes then one UE8M0 scale byte (KvCodec(kFP8, 128, 0, 128): 136 B), stride row_bytes.
+// ---- lightning indexer scores (reference: cpu::indexer_scores_fp8 / cpu::indexer_scores_mxfp4) ---------------
+// I(s,t) = sum_h w[s,h] * ReLU(q[s,h] . k[t]) * d^-0.5 over key rows in one of two layouts:
+//   kFP8:   128 e4m3 bytes then one UE8M0 scale byte (KvCodec(kFP8, 128, 0, 128): 136 B); k = e4m3 * 2^(e-127).
+//           row_bytes >= 136, multiple of 8; keys 8-byte aligned.
+//   kMXFP4: 64 bytes of e2m1 pairs (low nibble = even element) then 4 UE8M0 scales, one per 32 elements
+//           (68 B); row_bytes >= 68, multiple of 4; keys 4-byte aligned.
 // Query s sees keys t < n_visible[s] (nullptr: all n_keys; causal prefill passes (p+1)/4); the rest get -inf.
+// Key t of query s is row r of `keys` (byte offset r * row_bytes):
+//   block_table != nullptr: r = block_table[s * max_blocks + t / block_size] * block_size + t % block_size
+//                           (paged; only entries of visible keys are read, so unused entries may hold -1);
+//   otherwise:              r = (key_offset ? key_offset[s] : 0) + t.
+// One launch thus serves a batch of decode queries from different sequences (graph-capturable: every
+// per-query quantity is read on the device).
+// Arithmetic (docs/KERNELS.md, "Indexer"): keys are exact in fp16; q is rounded once to fp16 after a per-head
+// power-of-two scale (relative error <= 2^-11 per element, fp32 accumulation), unless exact_q: then the older
+// kernel carries q as bf16 hi + lo (~2^-16; about 2x the tensor-core work, kFP8 only).
+enum class IndexerKeyFormat { kFP8, kMXFP4 };
 struct IndexerArgs {
-  const float* q = nullptr;   // [n_queries, 64, 128]
+  const float* q = nullptr;   // [n_queries, 64, 128], 16-byte aligned
   const float* w = nullptr;   // [n_queries, 64] head weights (already scaled)
   const uint8_t* keys = nullptr;
-  int64_t n_keys = 0;
+  int64_t n_keys = 0;         // columns of `scores` (the largest key count of any query)
   int64_t row_bytes = 136;
   const int32_t* n_visible = nullptr;  // [n_queries] or nullptr
   float* scores = nullptr;    // [n_queries, score_stride]
   int64_t score_stride = 0;
   int n_queries = 0;
+  const int64_t* key_offset = nullptr;   // [n_queries] first row of each query's keys, or nullptr (0)
+  const int32_t* block_table = nullptr;  // [n_queries, max_blocks] or nullptr (excludes key_offset)
+  int max_blocks = 0;
+  int block_size = 0;                    // rows per block (> 0 with block_table)
+  IndexerKeyFormat format = IndexerKeyFormat::kFP8;
+  bool exact_q = false;
 };
 constexpr int kIndexerHeads = 64;
 constexpr int kIndexerDim = 128;
+// Serves both key formats (the name predates kMXFP4).
 void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

@@ -1,24 +1,39 @@
 // Sparse attention with per-head sinks over gathered K = V rows (reference: cpu::sparse_attention; the
-// online-softmax contract is spec failure-modes-and-kernels.md section 1.4).
+// online-softmax contract is spec failure-modes-and-kernels.md section 1.4). Two kernels:
 //
-// Layout of the work: one CTA of 16 warps serves 32 of the 64 heads of one query over one split of the
-// query's slot list (MQA: each gathered row is shared by the CTA's heads; the second head group's read of
-// the same row mostly hits L2; 64 heads in one CTA spilled registers). A warp owns 2 heads;
-// lane l owns dims {128*i + 4*l .. +3, i = 0..3} of q and of the accumulator, so every shared-memory read is
-// a conflict-free float4. Keys are processed in tiles of 16 rows that the 16 warps decode (fp8 / bf16 / f32
-// -> fp32) into shared memory.
+// attn_mma_kernel (fp8 and bf16 rows; AttnPrecision kSplitBf16 / kBf16): bf16 tensor cores (mma.sync
+// m16n8k16, fp32 accumulation; the instruction exists on sm_90a and sm_12x). One CTA of 8 warps serves 32 of
+// the 64 heads of one query over one split of its slot list (1-2 queries: 4 warps and 16 heads). Tiles of 32 gathered rows are fetched with
+// 8-byte cp.async (rows are only 8-byte aligned: 584 B) one tile ahead, fp8 rows are decoded once per CTA
+// into a bf16 tile in shared memory (e4m3 x 2^(e-127) and the bf16 RoPE dims are exact in bf16), and every
+// warp reads K / V fragments from that tile with ldmatrix (row stride 1040 B: conflict-free). Warp (ht, ds)
+// owns heads 16 ht .. +15 of the CTA and dims 128 ds .. +127: it keeps its q fragments in registers, computes
+// the partial S = Q K^T over its 128 dims, the four partials of a head tile are summed through shared memory
+// in a fixed order (so the four warps hold identical scores, maxima and sums), then it runs the online softmax
+// and O += P V for its 128 output dims with P taken straight from the S accumulators (FA2 register layout).
+// kSplitBf16 splits q and P into bf16 hi + lo and issues two mma per product (relative error 2^-16 instead
+// of 2^-8); the error bounds are derived in tests/cuda/test_cuda_sparse_attention.cc.
 //
-// Softmax numerics (all fp32): scores are taken in base 2 (scale * log2 e folded into q once). Invalid
-// slots (index < 0, >= n_rows, or at/after valid_len) are skipped before any arithmetic, so they carry
-// exactly zero weight and never touch memory. The running max starts at the sink (or -inf for a -inf
-// sink, with l = 0); alpha = exp2(m_old - m_new) is taken only when m_new is finite. A row with nothing
-// valid ends with acc = 0 and returns 0 (sink-only result), never 0/0.
+// fp32_kernel (f32 rows, or AttnPrecision kFp32): the CUDA-core fp32 kernel: one CTA of 16 warps per (query,
+// split, 32-head group), a warp owns 2 heads, lane l owns dims {128*i + 4*l .. +3}; tiles of 16 rows are
+// decoded to fp32 in shared memory.
+//
+// Softmax numerics (both): scores are taken in base 2 (scale * log2 e folded into q once). Invalid slots
+// (index < 0, >= n_rows, or at/after valid_len) are never dereferenced and get p = 0 by an explicit mask
+// (their tile rows are zero-filled, so no stale shared memory reaches an mma). The running max starts at
+// the sink (or -inf for a -inf sink, with l = 0); alpha = exp2(m_old - m_new) is taken only when m_new is
+// finite. A row with nothing valid ends with acc = 0 and returns 0 (sink-only result), never 0/0.
 //
 // Split-K: with few queries the slot list is split over several CTAs; each writes (m, l, acc) without the
 // sink, and a combine kernel merges the partials together with the sink. A partial with l = 0 has weight
-// 0. Nothing is counted across CTAs, so replaying a captured graph needs no reset.
+// 0. Nothing is counted across CTAs, so replaying a captured graph needs no reset. The split count depends
+// only on the shapes and the SM count (eager and graph runs are bitwise equal).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
@@ -84,7 +99,7 @@ struct Params {
   float* part_ml;   // [nq, splits, 64, 2]
 };
 
-__global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
   __shared__ __align__(16) float tile[kTile][kD];
   __shared__ int tile_valid[kTile];
   const SparseAttentionArgs& a = p.a;
@@ -208,42 +223,450 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(Params p)
 }
 
 // One CTA of 128 threads per (query, head): merges the split partials with the sink (section 1.4 item 6).
+// The partials' (m, l) are read in parallel and every thread forms the same weights and the same L in split
+// order; the 128 threads then add their 4 dims over the splits with independent loads (fixed order).
+constexpr int kMaxSplits = 256;
 __global__ void __launch_bounds__(128) combine_kernel(Params p) {
-  const int qi = blockIdx.y, h = blockIdx.x;
+  __shared__ float w_s[kMaxSplits], l_s[kMaxSplits], red[4];
+  const int qi = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
   const float sk = p.a.sink[h];
-  float M = sk == -INFINITY ? -INFINITY : sk * kLog2e;
-  for (int s = 0; s < p.splits; ++s) {
-    const int64_t pi = (static_cast<int64_t>(qi) * p.splits + s) * kH + h;
-    if (p.part_ml[2 * pi + 1] > 0.f) M = fmaxf(M, p.part_ml[2 * pi]);
-  }
-  float L = sk == -INFINITY ? 0.f : exp2f(sk * kLog2e - M);
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int d = 4 * threadIdx.x;
-  for (int s = 0; s < p.splits; ++s) {
-    const int64_t pi = (static_cast<int64_t>(qi) * p.splits + s) * kH + h;
+  const float sink2 = sk == -INFINITY ? -INFINITY : sk * kLog2e;
+  const int64_t base = static_cast<int64_t>(qi) * p.splits * kH + h;  // partial of split s: base + s * kH
+  float mloc = -INFINITY;
+  for (int s = tid; s < p.splits; s += 128) {
+    const int64_t pi = base + static_cast<int64_t>(s) * kH;
     const float ls = p.part_ml[2 * pi + 1];
-    if (!(ls > 0.f)) continue;  // empty partial: weight 0
-    const float w = exp2f(p.part_ml[2 * pi] - M);
-    L += ls * w;
-    const float4 v = *reinterpret_cast<const float4*>(p.part_acc + pi * kD + d);
+    const float ms = ls > 0.f ? p.part_ml[2 * pi] : -INFINITY;  // an empty partial has weight 0
+    w_s[s] = ms;
+    l_s[s] = ls > 0.f ? ls : 0.f;
+    mloc = fmaxf(mloc, ms);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+  if ((tid & 31) == 0) red[tid >> 5] = mloc;
+  __syncthreads();
+  const float M = fmaxf(fmaxf(sink2, fmaxf(red[0], red[1])), fmaxf(red[2], red[3]));
+  for (int s = tid; s < p.splits; s += 128) w_s[s] = w_s[s] == -INFINITY ? 0.f : exp2f(w_s[s] - M);
+  __syncthreads();
+  float L = sk == -INFINITY ? 0.f : exp2f(sink2 - M);
+  for (int s = 0; s < p.splits; ++s) L += l_s[s] * w_s[s];
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float* src = p.part_acc + base * kD + 4 * tid;
+#pragma unroll 8
+  for (int s = 0; s < p.splits; ++s) {
+    const float w = w_s[s];
+    const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kH * kD);
     o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
-  *reinterpret_cast<float4*>(p.a.out + (static_cast<int64_t>(qi) * kH + h) * kD + d) =
+  *reinterpret_cast<float4*>(p.a.out + (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid) =
       make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
 }
 
-// Deterministic split choice from the shapes and the SM count only (so eager and graph runs agree).
+// ---- tensor-core kernel ----------------------------------------------------------------------------------
+constexpr int kT = 32;                          // rows per tile
+// A CTA has kTiles head tiles of 16 heads (kTiles = 1: 4 warps, two CTAs per SM on sm_90; kTiles = 2: 8 warps,
+// one CTA per SM, each decoded row serves 32 heads). Each head tile is 4 warps (dim slices of 128).
+constexpr int kTileStride = 2 * kD + 16;        // bytes per bf16 tile row (ldmatrix rows land on distinct banks)
+constexpr int kTileBytes = kT * kTileStride;    // 33,280
+constexpr int kRawStride = 584;                 // fp8 bytes staged per row (583 rounded up to 8)
+constexpr int kRawChunks = kRawStride / 8;      // 73
+constexpr int kRawBytes = kT * kRawStride;      // 18,688
+constexpr int kSpBytesPerTile = 4 * 16 * 32 * 4;  // partial scores [dim slice][j][c][lane] fp32: 8,192
+
+template <bool kFp8, int kTiles>
+constexpr int mma_smem_bytes() {  // kTiles = 2: 87,040 (fp8) / 82,944 (bf16); kTiles = 1: 78,848 / 74,752
+  return kTiles * kSpBytesPerTile + (kFp8 ? kTileBytes + 2 * kRawBytes : 2 * kTileBytes);
+}
+static_assert(mma_smem_bytes<true, 2>() <= 99 * 1024 && mma_smem_bytes<false, 2>() <= 99 * 1024,
+              "sm_12x: 99 KB per block");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x (ex2.approx: relative error ~2^-22; -inf -> 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return bf16x2_bits(__floats2bfloat162_rn(lo, hi)); }
+// x = hi + lo + r with hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in fp32), |r| <= 2^-16 |x|.
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bf16x2_bits(h);
+  lo = pack_bf16(x0 - hf.x, x1 - hf.y);
+}
+template <bool kSplit>
+__device__ __forceinline__ void to_frag(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if (kSplit) split_bf16(x0, x1, hi, lo);
+  else hi = pack_bf16(x0, x1);
+}
+
+// Two e4m3 codes (low byte first) times the block scale s, as bf16x2 (exact: 4 significant bits).
+__device__ __forceinline__ uint32_t e4m3x2_bf16(uint32_t pair, float s) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(hr));
+  return pack_bf16(f.x * s, f.y * s);
+}
+
+template <bool kFp8, bool kSplit, int kTiles>
+__global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
+  constexpr int kGroups = 4 / kTiles;        // CTAs per (query, split)
+  constexpr int kRows = kT / (4 * kTiles);   // tile rows each warp loads and decodes
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* sp = reinterpret_cast<float*>(smem);
+  uint8_t* tiles = smem + kTiles * kSpBytesPerTile;     // fp8: one decoded tile; bf16: two stages (cp.async targets)
+  uint8_t* raw = tiles + kTileBytes;    // fp8: two stages of raw rows
+  const SparseAttentionArgs& a = p.a;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int ht = warp >> 2, ds = warp & 3;
+  // blockIdx.x = kGroups * split + head group: the CTAs reading the same rows run side by side (L2 hits).
+  const int qi = blockIdx.y, split = blockIdx.x / kGroups;
+  const int h0 = (blockIdx.x % kGroups) * 16 * kTiles + ht * 16;  // this warp's 16 heads
+  const int d0 = ds * 128;                    // and 128 dims
+
+  // q fragments (A operand, rows = heads, k = dims), scaled by scale * log2 e before rounding.
+  constexpr int kQL = kSplit ? 8 : 1;
+  uint32_t qh[8][4], ql[kQL][4];
+  {
+    const float qscale = a.scale * kLog2e;
+    const float* q0 = a.q + (static_cast<int64_t>(qi) * kH + h0 + g) * kD + d0 + 2 * t;
+    const float* q1 = q0 + 8 * kD;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const float2 x0 = *reinterpret_cast<const float2*>(q0 + 16 * s);
+      const float2 x1 = *reinterpret_cast<const float2*>(q1 + 16 * s);
+      const float2 x2 = *reinterpret_cast<const float2*>(q0 + 16 * s + 8);
+      const float2 x3 = *reinterpret_cast<const float2*>(q1 + 16 * s + 8);
+      uint32_t dummy;
+      to_frag<kSplit>(x0.x * qscale, x0.y * qscale, qh[s][0], kSplit ? ql[s % kQL][0] : dummy);
+      to_frag<kSplit>(x1.x * qscale, x1.y * qscale, qh[s][1], kSplit ? ql[s % kQL][1] : dummy);
+      to_frag<kSplit>(x2.x * qscale, x2.y * qscale, qh[s][2], kSplit ? ql[s % kQL][2] : dummy);
+      to_frag<kSplit>(x3.x * qscale, x3.y * qscale, qh[s][3], kSplit ? ql[s % kQL][3] : dummy);
+    }
+  }
+
+  float o[16][4];
+#pragma unroll
+  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2], l[2];  // rows g and g + 8; l is this lane's share (summed over the quad at the end)
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    if (p.splits == 1) {  // the sink takes part directly: m = sink, l = exp(sink - m) = 1 (held by lane t = 0)
+      const float sk = a.sink[h0 + g + 8 * ri];
+      m[ri] = sk == -INFINITY ? -INFINITY : sk * kLog2e;
+      l[ri] = (sk != -INFINITY && t == 0) ? 1.f : 0.f;
+    } else {
+      m[ri] = -INFINITY;
+      l[ri] = 0.f;
+    }
+  }
+
+  int end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
+  const int begin = split * p.chunk;
+  end = min(end, begin + p.chunk);
+  const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
+
+  // Slot index of row `lane` of the tile at t0 (-1 past the end). Loaded one tile ahead of its use, so the
+  // load's latency is not on the critical path.
+  auto load_idx = [&](int t0) -> int { return t0 + lane < end ? slots[t0 + lane] : -1; };
+  // Issues the loads of the tile at t0 (row indices idx) into stage `stage`; returns its valid-row mask (the
+  // same in every warp).
+  auto issue = [&](int idx, int stage) -> uint32_t {
+    const bool valid = idx >= 0 && idx < a.n_rows;
+    const uint32_t mask = __ballot_sync(0xffffffffu, valid);
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int r = warp * kRows + rr;
+      const int ridx = __shfl_sync(0xffffffffu, idx, r);
+      const bool rv = (mask >> r) & 1u;
+      const uint8_t* src = a.kv + (rv ? static_cast<int64_t>(ridx) * a.row_bytes : 0);
+      if (kFp8) {
+        if (rv) {
+          const uint32_t dst = smem_u32(raw + stage * kRawBytes + r * kRawStride);
+#pragma unroll
+          for (int c = lane; c < kRawChunks; c += 32) cp_async8(dst + 8 * c, src + 8 * c, 8);
+        }
+      } else {  // invalid rows are zero-filled (src size 0: nothing is read)
+        const uint32_t dst = smem_u32(tiles + stage * kTileBytes + r * kTileStride);
+#pragma unroll
+        for (int c = lane; c < 2 * kD / 8; c += 32) cp_async8(dst + 8 * c, src + 8 * c, rv ? 8 : 0);
+      }
+    }
+    cp_async_commit();
+    return mask;
+  };
+
+  // ldmatrix lane addresses (bytes from the tile start). S: matrix i = lane / 8 covers keys 8 j + (lane & 7),
+  // dims d0 + 32 sp2 + 8 i (k-steps 2 sp2 and 2 sp2 + 1). P V (.trans): keys 16 kk + 8 (i & 1) + (lane & 7),
+  // dims d0 + 16 np + 8 (i >> 1) (n-tiles 2 np and 2 np + 1).
+  const uint32_t qk_off = (lane & 7) * kTileStride + (d0 + 8 * (lane >> 3)) * 2;
+  const uint32_t pv_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kTileStride + (d0 + 8 * (lane >> 4)) * 2;
+
+  uint32_t next_mask = 0;
+  int next_idx = -1;
+  if (begin < end) {
+    next_mask = issue(load_idx(begin), 0);
+    next_idx = load_idx(begin + kT);
+  }
+  int stage = 0;
+  for (int t0 = begin; t0 < end; t0 += kT, stage ^= 1) {
+    const uint32_t mask = next_mask;
+    cp_async_wait_all();
+    __syncthreads();  // tile t0 has landed; every warp is done with the previous tile's buffers
+    if (t0 + kT < end) {
+      next_mask = issue(next_idx, stage ^ 1);
+      next_idx = load_idx(t0 + 2 * kT);
+    }
+    const uint8_t* tile;
+    if (kFp8) {
+      // Decode: warp w converts its kRows rows; lanes 0-27 take 16 e4m3 bytes, lanes 28-31 32 B of RoPE dims.
+      const uint8_t* rs = raw + stage * kRawBytes;
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int r = warp * kRows + rr;
+        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+        if ((mask >> r) & 1u) {
+          const uint8_t* src = rs + r * kRawStride;
+          if (lane < 28) {
+            const uint2 b0 = *reinterpret_cast<const uint2*>(src + 16 * lane);
+            const uint2 b1 = *reinterpret_cast<const uint2*>(src + 16 * lane + 8);
+            const float s = e8m0(src[kNope + 2 * (kD - kNope) + lane / 4]);
+            v0 = make_uint4(e4m3x2_bf16(b0.x, s), e4m3x2_bf16(b0.x >> 16, s), e4m3x2_bf16(b0.y, s),
+                            e4m3x2_bf16(b0.y >> 16, s));
+            v1 = make_uint4(e4m3x2_bf16(b1.x, s), e4m3x2_bf16(b1.x >> 16, s), e4m3x2_bf16(b1.y, s),
+                            e4m3x2_bf16(b1.y >> 16, s));
+          } else {
+            const uint2* rp = reinterpret_cast<const uint2*>(src + kNope + 32 * (lane - 28));
+            const uint2 x0 = rp[0], x1 = rp[1], x2 = rp[2], x3 = rp[3];
+            v0 = make_uint4(x0.x, x0.y, x1.x, x1.y);
+            v1 = make_uint4(x2.x, x2.y, x3.x, x3.y);
+          }
+        }
+        uint4* dst = reinterpret_cast<uint4*>(tiles + r * kTileStride + 32 * lane);
+        dst[0] = v0;
+        dst[1] = v1;
+      }
+      __syncthreads();
+      tile = tiles;
+    } else {
+      tile = tiles + stage * kTileBytes;
+    }
+    if (mask == 0) continue;  // uniform over the CTA
+    const uint32_t tb = smem_u32(tile);
+
+    // Partial S over this warp's 128 dims: 4 n-tiles of 8 keys.
+    float sacc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+#pragma unroll
+    for (int sp2 = 0; sp2 < 4; ++sp2) {
+      uint32_t b[4][4];  // all four key n-tiles' fragments first, then the mma (loads overlap)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ldsm4(tb + qk_off + j * 8 * kTileStride + sp2 * 64, b[j][0], b[j][1], b[j][2], b[j][3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        mma16816(sacc[j], qh[2 * sp2], b[j][0], b[j][1]);
+        mma16816(sacc[j], qh[2 * sp2 + 1], b[j][2], b[j][3]);
+      }
+      if (kSplit) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma16816(sacc[j], ql[(2 * sp2) % kQL], b[j][0], b[j][1]);
+          mma16816(sacc[j], ql[(2 * sp2 + 1) % kQL], b[j][2], b[j][3]);
+        }
+      }
+    }
+    {  // partials as float4 [head tile][dim slice][j][lane]
+      float4* w = reinterpret_cast<float4*>(sp) + (ht * 4 + ds) * 4 * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[j * 32] = make_float4(sacc[j][0], sacc[j][1], sacc[j][2], sacc[j][3]);
+    }
+    __syncthreads();
+    float s[4][4];
+    {
+      const float4* rd = reinterpret_cast<const float4*>(sp) + ht * 4 * 4 * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 p0 = rd[j * 32], p1 = rd[128 + j * 32], p2 = rd[256 + j * 32], p3 = rd[384 + j * 32];
+        s[j][0] = ((p0.x + p1.x) + p2.x) + p3.x;
+        s[j][1] = ((p0.y + p1.y) + p2.y) + p3.y;
+        s[j][2] = ((p0.z + p1.z) + p2.z) + p3.z;
+        s[j][3] = ((p0.w + p1.w) + p2.w) + p3.w;
+      }
+    }
+
+    // Online softmax (base 2). c = 0, 1: row g; c = 2, 3: row g + 8; key 8 j + 2 t + (c & 1).
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+    float alpha[2], mn[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 1));
+      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 2));
+      mn[ri] = fmaxf(m[ri], mt[ri]);
+      alpha[ri] = mn[ri] == -INFINITY ? 1.f : fast_exp2(m[ri] - mn[ri]);
+      m[ri] = mn[ri];
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const bool v = ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) && mn[c >> 1] != -INFINITY;
+        s[j][c] = v ? fast_exp2(s[j][c] - mn[c >> 1]) : 0.f;
+        rs[c >> 1] += s[j][c];
+      }
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {  // the max moved: rescale (x 1 is a no-op)
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+      }
+    }
+    // P as A fragments (k = keys 16 kk .. +15).
+    uint32_t ph[2][4], pl[kSplit ? 2 : 1][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t dummy;
+      to_frag<kSplit>(s[2 * kk][0], s[2 * kk][1], ph[kk][0], kSplit ? pl[kk % (kSplit ? 2 : 1)][0] : dummy);
+      to_frag<kSplit>(s[2 * kk][2], s[2 * kk][3], ph[kk][1], kSplit ? pl[kk % (kSplit ? 2 : 1)][1] : dummy);
+      to_frag<kSplit>(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], kSplit ? pl[kk % (kSplit ? 2 : 1)][2] : dummy);
+      to_frag<kSplit>(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], kSplit ? pl[kk % (kSplit ? 2 : 1)][3] : dummy);
+    }
+    // O += P V over this warp's 128 dims.
+#pragma unroll
+    for (int np = 0; np < 8; ++np) {
+      uint32_t b[2][4];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) ldsm4_t(tb + pv_off + kk * 16 * kTileStride + np * 32, b[kk][0], b[kk][1], b[kk][2], b[kk][3]);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        mma16816(o[2 * np], ph[kk], b[kk][0], b[kk][1]);
+        mma16816(o[2 * np + 1], ph[kk], b[kk][2], b[kk][3]);
+      }
+      if (kSplit) {
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          mma16816(o[2 * np], pl[kk % (kSplit ? 2 : 1)], b[kk][0], b[kk][1]);
+          mma16816(o[2 * np + 1], pl[kk % (kSplit ? 2 : 1)], b[kk][2], b[kk][3]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+  }
+  if (p.splits == 1) {
+    float* o0 = a.out + (static_cast<int64_t>(qi) * kH + h0 + g) * kD + d0 + 2 * t;
+    float* o1 = o0 + 8 * kD;
+    const float i0 = l[0] > 0.f ? 1.f / l[0] : 0.f, i1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o[n][0] * i0, o[n][1] * i0);
+      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o[n][2] * i1, o[n][3] * i1);
+    }
+  } else {
+    const int64_t pi = (static_cast<int64_t>(qi) * p.splits + split) * kH + h0 + g;
+    float* o0 = p.part_acc + pi * kD + d0 + 2 * t;
+    float* o1 = o0 + 8 * kD;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o[n][0], o[n][1]);
+      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o[n][2], o[n][3]);
+    }
+    if (ds == 0 && t == 0) {
+      p.part_ml[2 * pi] = m[0];
+      p.part_ml[2 * pi + 1] = l[0];
+      p.part_ml[2 * (pi + 8)] = m[1];
+      p.part_ml[2 * (pi + 8) + 1] = l[1];
+    }
+  }
+}
+
+template <bool kFp8, bool kSplit, int kTiles>
+void launch_mma_tiles(const Params& p, cudaStream_t stream) {
+  constexpr int smem = mma_smem_bytes<kFp8, kTiles>();
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(attn_mma_kernel<kFp8, kSplit, kTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               smem),
+          "sparse_attention: shared-memory opt-in");
+    return true;
+  }();
+  (void)configured;
+  attn_mma_kernel<kFp8, kSplit, kTiles>
+      <<<dim3(p.splits * (4 / kTiles), p.a.n_queries), 128 * kTiles, smem, stream>>>(p);
+}
+
+// Head tiles per CTA: 1 for 1-2 queries (more, shorter CTAs: measured ~6% faster at batch 1), else 2 (~20%
+// faster from 8 queries up). DSV4_ATTN_HEAD_TILES=1 / 2 forces one (a benchmarking knob; the tests run both).
+// Read per call, so a captured graph keeps the variant it was captured with.
+int head_tiles(int n_queries) {
+  const char* e = std::getenv("DSV4_ATTN_HEAD_TILES");
+  if (e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
+  return n_queries <= 2 ? 1 : 2;
+}
+
+template <bool kFp8, bool kSplit>
+void launch_mma(const Params& p, cudaStream_t stream) {
+  if (head_tiles(p.a.n_queries) == 1) launch_mma_tiles<kFp8, kSplit, 1>(p, stream);
+  else launch_mma_tiles<kFp8, kSplit, 2>(p, stream);
+}
+
+// Deterministic split choice from the shapes and the SM count only (so eager and graph runs agree): about one
+// wave of CTAs (2 per query and split), at least one 32-row tile per split.
 void choose_split(int n_queries, int n_slots, int* splits, int* chunk) {
+  if (n_slots <= 0 || n_queries <= 0) {
+    *splits = 1;
+    *chunk = std::max(n_slots, 0);
+    return;
+  }
   const int sms = device_config().sm_count;
-  int s = 1;
-  if (n_queries < 2 * sms) s = (2 * sms + n_queries - 1) / n_queries;
-  const int max_by_len = (n_slots + 31) / 32;  // at least 32 slots per split
-  s = std::max(1, std::min(s, max_by_len));
+  const int ctas = 2 * n_queries;
+  int s = std::max(1, (sms + ctas / 2) / ctas);
+  s = std::min({s, (n_slots + kT - 1) / kT, kMaxSplits});
   int c = (n_slots + s - 1) / s;
-  c = (c + kTile - 1) / kTile * kTile;
-  s = std::max(1, (n_slots + c - 1) / c);
-  *splits = s;
+  c = (c + kT - 1) / kT * kT;
+  *splits = (n_slots + c - 1) / c;
   *chunk = c;
 }
 
@@ -258,11 +681,19 @@ int64_t min_row_bytes(KvRowFormat f) {
 
 }  // namespace
 
+// The largest split workspace any call with at most n_queries queries and at most n_slots slots needs (callers
+// size the buffer once for their largest batch and then launch smaller ones): choose_split's split count before
+// its chunk rounding, which only lowers it, is non-decreasing in n_slots; the maximum over the query counts
+// makes the bound non-decreasing in n_queries.
 size_t sparse_attention_workspace_bytes(int n_queries, int n_slots) {
-  int s, c;
-  choose_split(n_queries, n_slots, &s, &c);
-  if (s == 1) return 0;
-  return static_cast<size_t>(n_queries) * s * kH * (kD + 2) * sizeof(float);
+  if (n_slots <= 0) return 0;
+  size_t best = 0;
+  const int sms = device_config().sm_count;
+  for (int nq = 1; nq <= std::min(n_queries, sms); ++nq) {
+    const int s = std::min({std::max(1, (sms + nq) / (2 * nq)), (n_slots + kT - 1) / kT, kMaxSplits});
+    if (s > 1) best = std::max(best, static_cast<size_t>(nq) * s * kH * (kD + 2) * sizeof(float));
+  }
+  return best;
 }
 
 void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
@@ -284,8 +715,17 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     p.part_acc = static_cast<float*>(a.workspace);
     p.part_ml = p.part_acc + static_cast<size_t>(a.n_queries) * p.splits * kH * kD;
   }
-  sparse_attention_kernel<<<dim3(p.splits, a.n_queries, kHeadGroups), kThreads, 0, stream>>>(p);
-  check(cudaGetLastError(), "sparse_attention_kernel launch");
+  const bool fp8 = a.format == KvRowFormat::kFP8;
+  if (a.format == KvRowFormat::kF32 || a.precision == AttnPrecision::kFp32) {
+    fp32_kernel<<<dim3(p.splits, a.n_queries, kHeadGroups), kThreads, 0, stream>>>(p);
+  } else if (a.precision == AttnPrecision::kSplitBf16) {
+    fp8 ? launch_mma<true, true>(p, stream) : launch_mma<false, true>(p, stream);
+  } else if (a.precision == AttnPrecision::kBf16) {
+    fp8 ? launch_mma<true, false>(p, stream) : launch_mma<false, false>(p, stream);
+  } else {
+    fail("cuda::sparse_attention: unknown precision ", static_cast<int>(a.precision));
+  }
+  check(cudaGetLastError(), "sparse_attention launch");
   if (p.splits > 1) {
     combine_kernel<<<dim3(kH, a.n_queries), 128, 0, stream>>>(p);
     check(cudaGetLastError(), "sparse_attention combine launch");

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds and checks the CUDA sparse-attention kernel only: test_cuda_sparse_attention, then the attention rows
+# of bench_cuda_kernels (--attn), a compact table last. Usage (GPU machine, repository root):
+#   scripts/gpu/run_attn.sh [--quick]
+# Results in $OUT (default build-gpu-attn/out): table.md, bench.csv, test.log, build.log, ptxas.txt.
+set -uo pipefail
+RES=${OUT:-build-gpu-attn/out}
+mkdir -p "$RES"
+JOBS=16
+DEPS_LOG="$RES/deps.log"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source scripts/gpu/deps_prefix.sh
+stamp "deps ready"
+{ cmake -S . -B build-gpu-attn -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} &&
+  cmake --build build-gpu-attn -j "$JOBS" --target test_cuda_sparse_attention bench_cuda_kernels; } > "$RES/build.log" 2>&1 ||
+  { echo "BUILD FAILED"; grep -E "error" "$RES/build.log" | head -30; tail -30 "$RES/build.log"; exit 1; }
+stamp "built"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$RES/gpu.txt" 2>&1
+status=0
+exe=$(find build-gpu-attn -name test_cuda_sparse_attention -type f -perm -u+x | head -1)
+timeout 110 "$exe" > "$RES/test.log" 2>&1
+rc=$?
+stamp "test rc=$rc"
+if [ $rc -ne 0 ]; then
+  status=1
+  echo "== test failures (first 60 lines)"
+  grep -E -A4 "Failure|FAILED|what\(\)|exception|error" "$RES/test.log" | head -60
+  tail -5 "$RES/test.log"
+fi
+# The same tests with one 16-head tile per CTA forced (DSV4_ATTN_HEAD_TILES=1; by default only 1-2 queries use it).
+DSV4_ATTN_HEAD_TILES=1 timeout 110 "$exe" > "$RES/test_t1.log" 2>&1
+rc1=$?
+stamp "test (head tiles 1) rc=$rc1"
+if [ $rc1 -ne 0 ]; then
+  status=1
+  echo "== test failures, head tiles 1 (first 40 lines)"
+  grep -E -A4 "Failure|FAILED|what\(\)|exception|error" "$RES/test_t1.log" | head -40
+fi
+bench=$(find build-gpu-attn -name bench_cuda_kernels -type f -perm -u+x | head -1)
+timeout 60 "$bench" --attn > "$RES/bench.csv" 2> "$RES/bench.err" || { echo "bench failed"; tail "$RES/bench.err"; status=1; }
+stamp "bench done"
+python3 bench/cuda/report.py "$RES/bench.csv" > "$RES/table.md" 2>&1
+# One profiled launch of the prefill kernel (split-bf16, 2 head tiles, 4096 queries), when ncu is there.
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then
+  timeout 90 "$NCU" -k regex:attn_mma --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+    "$bench" --attn-profile > "$RES/ncu.txt" 2>&1
+  stamp "ncu rc=$?"
+else
+  echo "no ncu" > "$RES/ncu.txt"
+fi
+worst() {  # worst cases by ratio to the derived bound, per precision: worst LOG PRECISION N
+  grep "^\[errors\]" "$1" | grep -E " $2 +max" | sed -E 's/^\[errors\] //; s/(.*bound ratio ([0-9.e+-]+).*)/\2 | \1/' | sort -g | tail -"$3"
+}
+echo "== errors (worst by ratio to the derived bound; all cases in test.log): ratio | case"
+for pr in split-bf16 bf16 fp32; do worst "$RES/test.log" "$pr" 3; done
+echo "== head tiles 1:"
+for pr in split-bf16 bf16; do worst "$RES/test_t1.log" "$pr" 2; done
+echo "== ncu (prefill split-bf16 t2, one launch)"
+grep -E "Duration|Throughput|Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc|Pipe Utilization|stalled_[a-z_]+_per_issue_active\.ratio +[a-z]* +[0-9.]*[1-9]|==ERR|ERR_|rror" "$RES/ncu.txt" | \
+  sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active\.ratio//; s/  +/ /g' | head -45
+echo "== $(cat "$RES/gpu.txt")"
+cat "$RES/table.md"
+echo "== tests: $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED|^\[       OK|FAILED  \]' "$RES/test.log" | tr '\n' ' ') rc=$rc"
+echo "== tests (head tiles 1): $(grep -E '^\[  PASSED|^\[  FAILED|FAILED  \]' "$RES/test_t1.log" | tr '\n' ' ') rc=$rc1"
+exit $status
