@@ -40,6 +40,8 @@ void fill(uint8_t* p, size_t n, uint32_t seed, int mode, int lo = 0) {
   ok(cudaGetLastError(), "fill");
 }
 
+cudaStream_t g_s = nullptr;  // every timed launch goes to this stream (graph capture needs a non-legacy stream)
+
 struct Timer {
   cudaEvent_t a, b;
   Timer() { cudaEventCreate(&a), cudaEventCreate(&b); }
@@ -49,9 +51,9 @@ struct Timer {
     f(0);
     ok(cudaDeviceSynchronize(), "warmup");
     for (int r = 0; r < reps; ++r) {
-      cudaEventRecord(a);
+      cudaEventRecord(a, g_s);
       for (int i = 0; i < inner; ++i) f(i);
-      cudaEventRecord(b);
+      cudaEventRecord(b, g_s);
       ok(cudaEventSynchronize(b), "timing");
       float ms = 0;
       cudaEventElapsedTime(&ms, a, b);
@@ -60,21 +62,79 @@ struct Timer {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   }
+  // The same `inner` calls captured once in a CUDA graph, replayed: kernel time without CPU launch gaps.
+  // -1 when capture fails.
+  template <typename F>
+  double median_graph_us(int reps, int inner, F&& f) {
+    f(0);
+    ok(cudaDeviceSynchronize(), "warmup");
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    if (cudaStreamBeginCapture(g_s, cudaStreamCaptureModeRelaxed) != cudaSuccess) return -1;
+    try {
+      for (int i = 0; i < inner; ++i) f(i);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "graph capture: %s\n", e.what());
+    }
+    if (cudaStreamEndCapture(g_s, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+      cudaGetLastError();
+      if (g) cudaGraphDestroy(g);
+      return -1;
+    }
+    std::vector<double> v;
+    ok(cudaGraphLaunch(ge, g_s), "graph warmup");
+    ok(cudaStreamSynchronize(g_s), "graph warmup");
+    for (int r = 0; r < reps; ++r) {
+      cudaEventRecord(a, g_s);
+      cudaGraphLaunch(ge, g_s);
+      cudaEventRecord(b, g_s);
+      ok(cudaEventSynchronize(b), "graph timing");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      v.push_back(1e3 * ms / inner);
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
 };
 
 struct Row {
   std::string what;
-  double us, bytes, floor_us, peer_us;
-  std::string peer;
+  double v1_us, us, graph_us, bytes, floor_us, peer_us;  // us: current kernels, back-to-back launches
+  double nopdl_us = -1;  // v2 in a graph without programmatic dependent launch
 };
 std::vector<Row> rows_out;
 double g_copy_bw = 0;  // bytes/s
 
 void print_rows() {
-  std::printf("\n| case | time (us) | GB/s | floor (us) | %% of floor | peer | peer (us) |\n|---|---|---|---|---|---|---|\n");
+  std::printf("\n| case | v1 launches (us) | v2 launches (us) | v2 graph (us) | v2 graph, no PDL (us) | floor (us) | "
+              "%% floor launches | %% floor graph | GB/s graph | peer (us) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  auto f = [](double v) { return v > 0 ? std::to_string(v).substr(0, 6) : std::string("-"); };
   for (const Row& r : rows_out)
-    std::printf("| %s | %.2f | %.0f | %.2f | %.0f%% | %s | %s |\n", r.what.c_str(), r.us, r.bytes / r.us * 1e-3, r.floor_us,
-                100.0 * r.floor_us / r.us, r.peer.c_str(), r.peer_us > 0 ? std::to_string(r.peer_us).substr(0, 7).c_str() : "");
+    std::printf("| %s | %s | %s | %s | %s | %.2f | %.0f%% | %s | %s | %s |\n", r.what.c_str(), f(r.v1_us).c_str(), f(r.us).c_str(),
+                f(r.graph_us).c_str(), f(r.nopdl_us).c_str(), r.floor_us, 100.0 * r.floor_us / r.us,
+                r.graph_us > 0 ? (std::to_string(int(100.0 * r.floor_us / r.graph_us + 0.5)) + "%").c_str() : "-",
+                r.graph_us > 0 ? std::to_string(int(r.bytes / r.graph_us * 1e-3)).c_str() : "-", f(r.peer_us).c_str());
+}
+
+// Times f: v1 kernels with launches, v2 with launches, v2 in a graph, v2 in a graph without PDL (the last
+// into g_nopdl); v1 skipped when !with_v1.
+double g_nopdl = -1;
+template <typename F>
+void time3(Timer& t, int reps, int inner, bool with_v1, F&& f, double& v1, double& v2, double& gr) {
+  v1 = -1;
+  if (with_v1) {
+    cudalin::set_linear_kernel_version(1);
+    v1 = t.median_us(reps, inner, f);
+    cudalin::set_linear_kernel_version(2);
+  }
+  v2 = t.median_us(reps, inner, f);
+  gr = t.median_graph_us(reps, inner, f);
+  cudalin::set_linear_pdl(false);
+  g_nopdl = t.median_graph_us(reps, inner, f);
+  cudalin::set_linear_pdl(true);
 }
 
 void bench_copy() {
@@ -83,13 +143,14 @@ void bench_copy() {
   ok(cudaMalloc(&a, n), "malloc"), ok(cudaMalloc(&b, n), "malloc");
   fill(static_cast<uint8_t*>(a), n, 1, 0);
   Timer t;
-  const double us = t.median_us(10, 1, [&](int) { cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice); });
+  const double us = t.median_us(10, 1, [&](int) { cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_s); });
   g_copy_bw = 2.0 * n / (us * 1e-6);
   std::printf("copy bandwidth (read+write of 1 GiB D2D): %.0f GB/s\n", g_copy_bw * 1e-9);
   cudaFree(a), cudaFree(b);
 }
 
-void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick) {
+void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick, bool peer_and_v1 = true,
+                const std::string& tag = "") {
   const size_t wbytes = fp4 ? N * K / 2 : N * K, sbytes = fp4 ? N * K / 32 : ((N + 127) / 128) * ((K + 127) / 128);
   const int R = int(std::clamp<size_t>((size_t(400) << 20) / (wbytes + sbytes), 2, 64));  // > 6x the 60 MB L2
   uint8_t *w, *s;
@@ -117,28 +178,33 @@ void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool
   const int RB = int(std::clamp<size_t>((size_t(400) << 20) / bbytes, 2, 32));
   uint16_t* wb;
   ok(cudaMalloc(&wb, bbytes * RB), "malloc");
-  for (int r = 0; r < RB; ++r)
+  for (int r = 0; r < (peer_and_v1 ? RB : 0); ++r)
     cudalin::dequant_to_bf16({fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + (r % R) * wbytes, s + (r % R) * sbytes, false},
                              wb + size_t(r) * N * K, nullptr);
   Timer t;
   for (int T : Ts) {
-    const double us = t.median_us(quick ? 5 : 15, R, [&](int i) {
+    double v1, us, gr;
+    time3(t, quick ? 5 : 15, R, peer_and_v1, [&](int i) {
       cudalin::DevWeight d{fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + i * wbytes, s + i * sbytes, false};
-      cudalin::gemv(d, x, K, T, y, N, ws, nullptr);
-    });
-    const double peer = t.median_us(quick ? 5 : 15, RB, [&](int i) { cudalin::gemm_bf16(x, T, wb + size_t(i) * N * K, N, K, y, nullptr); });
+      cudalin::gemv(d, x, K, T, y, N, ws, g_s);
+    }, v1, us, gr);
+    const double peer = peer_and_v1 ? t.median_us(quick ? 5 : 15, RB, [&](int i) {
+      cudalin::gemm_bf16(x, T, wb + size_t(i) * N * K, N, K, y, g_s);
+    }) : -1;
     const double bytes = double(wbytes + sbytes) + 2.0 * T * K + 4.0 * T * N;
-    char name[128];
-    std::snprintf(name, sizeof name, "gemv %s [%lld x %lld] T=%d", fp4 ? "MXFP4" : "FP8", (long long)N, (long long)K, T);
-    rows_out.push_back({name, us, bytes, bytes / g_copy_bw * 1e6, peer, "cuBLAS bf16"});
-    std::printf("%s: %.2f us (%.0f GB/s), cuBLAS bf16 %.2f us\n", name, us, bytes / us * 1e-3, peer);
+    char name[160];
+    std::snprintf(name, sizeof name, "gemv %s [%lld x %lld] T=%d%s", fp4 ? "MXFP4" : "FP8", (long long)N, (long long)K, T,
+                  tag.c_str());
+    rows_out.push_back({name, v1, us, gr, bytes, bytes / g_copy_bw * 1e6, peer, g_nopdl});
+    std::printf("%s: v1 %.2f us, v2 %.2f us, v2 graph %.2f us (%.0f GB/s), no PDL %.2f us, cuBLAS bf16 %.2f us\n", name,
+                v1, us, gr, bytes / gr * 1e-3, g_nopdl, peer);
   }
   ok(cudaDeviceSynchronize(), "gemv bench");
   cudalin::workspace_destroy(ws);
   cudaFree(w), cudaFree(s), cudaFree(x), cudaFree(y), cudaFree(wb);
 }
 
-void bench_moe(bool quick) {
+void bench_moe(bool quick, bool sweep = false) {
   cudalin::MoeShape sh;  // V4-Flash: hidden 4096, inter 2048, 256 experts, top-6, clamp 10
   const size_t w13 = size_t(sh.inter) * sh.hidden / 2, s13 = size_t(sh.inter) * sh.hidden / 32;
   const size_t w2 = size_t(sh.hidden) * sh.inter / 2, s2 = size_t(sh.hidden) * sh.inter / 32;
@@ -170,6 +236,7 @@ void bench_moe(bool quick) {
   for (int mode = 0; mode < 2; ++mode)
     for (int T : {1, 4, 16, 64}) {
       if (mode == 1 && T == 1) continue;
+      if (sweep && (mode == 1 || T > 4)) continue;
       std::vector<int32_t> h(size_t(R) * T * 6);
       double uniq = 0;
       for (int r = 0; r < R; ++r) {
@@ -186,14 +253,23 @@ void bench_moe(bool quick) {
       }
       ok(cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "idx");
       Timer t;
-      const double us = t.median_us(quick ? 5 : 15, R, [&](int i) {
-        cudalin::moe_decode(sh, dex, x, idx + size_t(i) * T * 6, w, T, out, false, ws, nullptr);
-      });
-      const double bytes = uniq * per + T * sh.hidden * 2.0 + T * sh.hidden * 4.0;
-      char name[128];
-      std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)", T, mode == 0 ? "random top-6" : "same 6 experts", uniq);
-      rows_out.push_back({name, us, bytes, bytes / g_copy_bw * 1e6, 0, ""});
-      std::printf("%s: %.2f us (%.0f GB/s)\n", name, us, bytes / us * 1e-3);
+      const int maxks = sweep ? 8 : 0;
+      for (int ks = sweep ? 1 : 0; ks <= maxks; ks = ks ? 2 * ks : 1) {
+        cudalin::set_moe_ksplit(ks);
+        double v1, us, gr;
+        time3(t, quick ? 5 : 15, R, !sweep, [&](int i) {
+          cudalin::moe_decode(sh, dex, x, idx + size_t(i) * T * 6, w, T, out, false, ws, g_s);
+        }, v1, us, gr);
+        const double bytes = uniq * per + T * sh.hidden * 2.0 + T * sh.hidden * 4.0;
+        char name[160];
+        std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)%s", T, mode == 0 ? "random top-6" : "same 6 experts",
+                      uniq, sweep ? (" ks=" + std::to_string(ks)).c_str() : "");
+        rows_out.push_back({name, v1, us, gr, bytes, bytes / g_copy_bw * 1e6, -1, g_nopdl});
+        std::printf("%s: v1 %.2f us, v2 %.2f us, v2 graph %.2f us (%.0f GB/s), no PDL %.2f us\n", name, v1, us, gr,
+                    bytes / gr * 1e-3, g_nopdl);
+        if (!sweep) break;
+      }
+      cudalin::set_moe_ksplit(0);
     }
   ok(cudaDeviceSynchronize(), "moe bench");
   cudalin::moe_workspace_destroy(ws);
@@ -215,14 +291,14 @@ void bench_prefill(bool fp4, int64_t M, int64_t N, int64_t K) {
   for (auto& v : hx) v = uint16_t(0x3F00 + (rng() & 0xFF)) ^ uint16_t((rng() & 1) << 15);
   ok(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "x");
   Timer t;
-  const double deq = t.median_us(10, 5, [&](int) { cudalin::dequant_to_bf16(d, wb, nullptr); });
-  const double gemm = t.median_us(10, 5, [&](int) { cudalin::gemm_bf16(x, M, wb, N, K, y, nullptr); });
+  const double deq = t.median_us(10, 5, [&](int) { cudalin::dequant_to_bf16(d, wb, g_s); });
+  const double gemm = t.median_us(10, 5, [&](int) { cudalin::gemm_bf16(x, M, wb, N, K, y, g_s); });
   const double flops = 2.0 * M * N * K;
   char name[160];
   std::snprintf(name, sizeof name, "prefill %s M=%lld [%lld x %lld]: dequant+bf16 GEMM = %.0f TFLOP/s", fp4 ? "MXFP4" : "FP8",
                 (long long)M, (long long)N, (long long)K, flops / (deq + gemm) * 1e-6);
-  rows_out.push_back({name, deq + gemm, double(wbytes + sbytes) + 2.0 * M * K + 4.0 * M * N,
-                      (double(wbytes + sbytes) + 2.0 * M * K + 4.0 * M * N) / g_copy_bw * 1e6, gemm, "cuBLAS bf16 GEMM alone"});
+  rows_out.push_back({name, -1, deq + gemm, -1, double(wbytes + sbytes) + 2.0 * M * K + 4.0 * M * N,
+                      (double(wbytes + sbytes) + 2.0 * M * K + 4.0 * M * N) / g_copy_bw * 1e6, gemm});
   std::printf("%s (dequant %.1f us, GEMM %.1f us = %.0f TFLOP/s)\n", name, deq, gemm, flops / gemm * 1e-6);
   ok(cudaDeviceSynchronize(), "prefill bench");
   cudaFree(w), cudaFree(s), cudaFree(wb), cudaFree(x), cudaFree(y);
@@ -235,6 +311,14 @@ int main(int argc, char** argv) {
   cudaDeviceProp p;
   ok(cudaGetDeviceProperties(&p, 0), "props");
   std::printf("device: %s, %d SMs, L2 %d MB\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20);
+  ok(cudaStreamCreate(&g_s), "stream");
+  if (argc > 1 && std::strcmp(argv[1], "--profile") == 0) {  // a few launches for ncu
+    g_copy_bw = 4.2e12;
+    bench_gemv(false, 4096, 4096, {1}, true, false, " profile");
+    bench_gemv(true, 2048, 4096, {1}, true, false, " profile");
+    bench_moe(true, false);
+    return 0;
+  }
   try {
     bench_copy();
     const std::vector<int> Ts = {1, 4, 16, 64};
@@ -244,17 +328,18 @@ int main(int argc, char** argv) {
     bench_gemv(false, 32768, 1024, {1, 16}, quick);  // wq_b
     bench_gemv(true, 2048, 4096, Ts, quick);    // expert w1 / w3
     bench_gemv(true, 4096, 2048, Ts, quick);    // expert w2
-    // Sweep of the chunks-per-warp knob at batch 1 (the heuristic's choice is the 'auto' row above).
-    for (int cpw : {1, 2, 4}) {
-      cudalin::set_gemv_chunks_per_warp(cpw);
-      const size_t before = rows_out.size();
-      bench_gemv(false, 4096, 4096, {1}, true);
-      bench_gemv(true, 2048, 4096, {1}, true);
-      bench_gemv(true, 4096, 2048, {1}, true);
-      for (size_t i = before; i < rows_out.size(); ++i) rows_out[i].what += " cpw=" + std::to_string(cpw);
+    // Sweep of the v2 K-split knob at batch 1 (graph timing is the number to read; 'auto' rows are above).
+    for (int ks : {1, 2, 4, 8, 16, 32}) {
+      cudalin::set_gemv_ksplit(ks);
+      const std::string tag = " ks=" + std::to_string(ks);
+      bench_gemv(false, 4096, 4096, {1}, true, false, tag);
+      bench_gemv(false, 1024, 4096, {1}, true, false, tag);
+      bench_gemv(true, 2048, 4096, {1}, true, false, tag);
+      bench_gemv(true, 4096, 2048, {1}, true, false, tag);
     }
-    cudalin::set_gemv_chunks_per_warp(0);
+    cudalin::set_gemv_ksplit(0);
     bench_moe(quick);
+    bench_moe(true, true);
     bench_prefill(false, 4096, 4096, 4096);
     bench_prefill(false, 8192, 4096, 8192);
     bench_prefill(true, 4096, 2048, 4096);

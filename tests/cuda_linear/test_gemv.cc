@@ -92,6 +92,31 @@ TEST(CudaGemv, Mxfp4) {
   run_case(Kind::kFp4, 16384, 256, {1, 2, 9, 64}, 10);  // one warp per block, as above
 }
 
+// Every K-split configuration of the v2 kernel (tiles per block 8..1, K split across 1..8 warps and across
+// blocks), on shapes where the row tiles do not fill the last block (16, 48, 144 rows) and the chunks do not
+// divide evenly among the splits (K = 128 .. 3072 = 1 .. 24 chunks).
+TEST(CudaGemv, AllSplits) {
+  DSV4_REQUIRE_GPU();
+  uint64_t salt = 20;
+  for (int ks : {1, 2, 4, 8, 16, 32}) {
+    cudalin::set_gemv_ksplit(ks);
+    run_case(Kind::kFp8, 144, 3072, {1, 9}, ++salt);
+    run_case(Kind::kFp4, 48, 640, {1, 17}, ++salt);
+    run_case(Kind::kFp8F32, 16, 128, {2, 33}, ++salt);
+    run_case(Kind::kFp4, 272, 1152, {8, 64}, ++salt);
+  }
+  cudalin::set_gemv_ksplit(0);
+}
+
+// The first kernels (still the fallback for weights the cp.async path cannot take).
+TEST(CudaGemv, Version1) {
+  DSV4_REQUIRE_GPU();
+  cudalin::set_linear_kernel_version(1);
+  run_case(Kind::kFp8, 2048, 4096, {1, 9, 64}, 30);
+  run_case(Kind::kFp4, 384, 1024, {1, 23}, 31);
+  cudalin::set_linear_kernel_version(2);
+}
+
 TEST(CudaGemv, RejectsUnsupportedShapes) {
   DSV4_REQUIRE_GPU();
   cudalin::Workspace ws = cudalin::workspace_create(1024, 16);

@@ -129,6 +129,13 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
   cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = dout.download();
+  if (!accumulate) {  // again on the same inputs: bit-identical (fixed reduction orders, counters back at zero)
+    dout.poison();
+    cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> again = dout.download();
+    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << "moe_decode is not deterministic";
+  }
   for (size_t i = 0; i < got.size(); ++i) got[i] -= prior[i];
   cudalin::moe_workspace_destroy(ws);
 
@@ -180,6 +187,28 @@ TEST(CudaMoeDecode, ExpertListedTwicePerToken) {
 TEST(CudaMoeDecode, ClampAndAccumulate) {
   DSV4_REQUIRE_GPU();
   run_case(small_shape(), 5, Route::kRandom, 12.f, true, 300);  // |g|, |u| past the clamp at 10
+}
+
+// Every K split of the v2 kernels (w13: K = hidden, w2: K = inter; 8 / ks row tiles per block) with chunks
+// that do not divide among the splits: hidden 1152 = 9 chunks, inter 384 = 3 chunks.
+TEST(CudaMoeDecode, AllSplits) {
+  DSV4_REQUIRE_GPU();
+  cudalin::MoeShape s = small_shape();
+  s.hidden = 1152, s.inter = 384;
+  for (int ks : {1, 2, 4, 8}) {
+    cudalin::set_moe_ksplit(ks);
+    run_case(s, 9, Route::kLoads01All, 1.f, false, 500 + ks);
+    run_case(s, 1, Route::kRandom, 1.f, false, 510 + ks);
+  }
+  cudalin::set_moe_ksplit(0);
+}
+
+TEST(CudaMoeDecode, Version1) {
+  DSV4_REQUIRE_GPU();
+  cudalin::set_linear_kernel_version(1);
+  run_case(small_shape(), 17, Route::kLoads01All, 1.f, false, 600);
+  run_case(small_shape(), 5, Route::kRandom, 12.f, true, 601);
+  cudalin::set_linear_kernel_version(2);
 }
 
 TEST(CudaMoeDecode, FullFlashWidth) {

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
+#include "backend/cuda/linear/stream.cuh"
 #include "backend/cuda/linear/warp_tile.cuh"
 #include "core/error.h"
 
@@ -104,6 +105,119 @@ void launch(int T, int cpw, dim3 grid, int threads, const GemvArgs& a, cudaStrea
   else launch_nt<FP4, 8>(cpw, grid, threads, a, s);
 }
 
+// ---- v2: streamed through a per-warp cp.async ring (stream.cuh), sized to one wave.
+// Block = 8 warps = (8 / ksb) row tiles x ksb K splits; grid.y splits K further (then ksb = 8, one tile per
+// block) with the same last-block reduction as above. Warp split s of ks_total takes chunks
+// [s*C/ks_total, (s+1)*C/ks_total). Partial sums of a tile's splits are added in fixed split order.
+template <bool FP4>
+constexpr int gemv_stages() { return FP4 ? 6 : 4; }
+template <bool FP4>
+constexpr int gemv2_smem() { return 8 * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
+
+template <bool FP4, int NT>
+__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
+  extern __shared__ uint4 ring[];
+  __shared__ float red[8][128];
+  __shared__ int last;
+  constexpr int STAGES = gemv_stages<FP4>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tpb = 8 / ksb, tiles = static_cast<int>(a.N / 16);
+  const int tile = blockIdx.x * tpb + warp / ksb, s = blockIdx.y * ksb + warp % ksb;
+  const int C = static_cast<int>(a.K / 128);
+  const int cb = static_cast<int>(int64_t(s) * C / ks_total), ce = static_cast<int>(int64_t(s + 1) * C / ks_total);
+  const int nt_valid = (a.T + 7) / 8;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int tok = nt * 8 + g;
+    xr[nt] = tok < a.T ? a.x + tok * a.ldx + t * (FP4 ? 32 : 16) : nullptr;  // lane layout: stream.cuh
+  }
+  float acc[1][NT][4] = {};
+  const uint8_t* const W[1] = {a.w};
+  const uint8_t* const S[1] = {a.s};
+  // Only weights and scales (constant) are read before stream_warp's pdl_wait(); warps without a tile wait
+  // here, so every write below follows the preceding grid's completion.
+  if (tile < tiles)
+    dev::stream_warp<FP4, NT, 1, STAGES>(ring + warp * (STAGES * dev::RingGeom<FP4>::kU4), W, S, a.sf32, a.K,
+                                         int64_t(tile) * 16, cb, ce, nt_valid, xr, acc);
+  else
+    dev::pdl_wait();
+  dev::pdl_trigger();
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (nt >= nt_valid) break;
+    dev::stash_frag(red[warp], acc[0][nt]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
+      const int tl = i >> 7, o = i & 127, r = o >> 3, tok = nt * 8 + (o & 7);
+      const int tt = blockIdx.x * tpb + tl;
+      float v = 0.f;
+      for (int k = 0; k < ksb; ++k) v += red[tl * ksb + k][o];
+      if (tok < a.T && tt < tiles) {
+        if (a.gy == 1) a.y[tok * a.ldy + int64_t(tt) * 16 + r] = v;
+        else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (a.gy == 1) return;
+  // gy > 1: one tile per block (ksb = 8); the last block of the tile adds the gy partials in order.
+  const int64_t row0 = int64_t(blockIdx.x) * 16;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1) == a.gy - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < 16 * a.T; i += blockDim.x) {
+    const int r = i & 15, tok = i >> 4;
+    float v = 0.f;
+    for (int by = 0; by < a.gy; ++by) v += __ldcg(&a.partial[(int64_t(by) * a.T + tok) * a.N + row0 + r]);
+    a.y[tok * a.ldy + row0 + r] = v;
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
+}
+
+}  // namespace
+static bool g_pdl = true;
+void set_linear_pdl(bool on) { g_pdl = on; }
+bool linear_pdl() { return g_pdl; }
+namespace {
+
+// Resident blocks per SM of a kernel at 256 threads and `smem` dynamic bytes (after opting in to > 48 KB).
+template <typename K>
+int blocks_per_sm(K* kernel, int smem) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, smem), "occupancy");
+  return std::max(n, 1);
+}
+
+template <bool FP4, int NT>
+struct Gemv2 {
+  static int occupancy() {
+    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT>, gemv2_smem<FP4>());
+    return n;
+  }
+  static void run(dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
+    launch_pdl(gemv2_kernel<FP4, NT>, grid, gemv2_smem<FP4>(), s, a, ksb, ks_total);
+  }
+};
+
+template <bool FP4>
+int gemv2_occupancy(int T) {
+  return T <= 8 ? Gemv2<FP4, 1>::occupancy() : T <= 16 ? Gemv2<FP4, 2>::occupancy()
+         : T <= 32 ? Gemv2<FP4, 4>::occupancy() : Gemv2<FP4, 8>::occupancy();
+}
+template <bool FP4>
+void gemv2_launch(int T, dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
+  if (T <= 8) Gemv2<FP4, 1>::run(grid, a, ksb, ks_total, s);
+  else if (T <= 16) Gemv2<FP4, 2>::run(grid, a, ksb, ks_total, s);
+  else if (T <= 32) Gemv2<FP4, 4>::run(grid, a, ksb, ks_total, s);
+  else Gemv2<FP4, 8>::run(grid, a, ksb, ks_total, s);
+}
+
 __global__ void cast_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __float2bfloat16_rn(x[i]);
@@ -113,6 +227,11 @@ __global__ void cast_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
 
 static int g_force_cpw = 0;
 void set_gemv_chunks_per_warp(int cpw) { g_force_cpw = cpw; }
+static int g_force_ks = 0;
+void set_gemv_ksplit(int ks) { g_force_ks = ks; }
+static int g_version = 2;
+void set_linear_kernel_version(int v) { g_version = v == 1 ? 1 : 2; }
+int linear_kernel_version() { return g_version; }
 
 Workspace workspace_create(size_t partial_floats, int n_counters) {
   Workspace ws;
@@ -143,6 +262,30 @@ void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, i
   if (ldx % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
     throw Error(str_cat("cuda gemv: activations must be 16-byte aligned with a row stride multiple of 8 (ldx ", ldx, ")"));
   const int C = static_cast<int>(w.cols / 128), tiles = static_cast<int>(w.rows / 16);
+  const bool fp4_scale_aligned = !fp4 || reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
+  if (g_version == 2 && fp4_scale_aligned && reinterpret_cast<uintptr_t>(w.w) % 16 == 0) {
+    // K split: the largest power of two (<= C) whose grid still fits in one wave of resident blocks (beyond
+    // 8 splits per tile, grid.y > 1 with the extra reduction round trip: measured still faster for the small
+    // shapes, docs/GEMM_MOE.md).
+    const int cap = device_info().sm_count * (fp4 ? gemv2_occupancy<true>(T) : gemv2_occupancy<false>(T));
+    auto blocks = [&](int ks) { return int64_t((tiles + (8 / std::min(ks, 8)) - 1) / (8 / std::min(ks, 8))) * std::max(1, ks / 8); };
+    int ks = 1;
+    while (ks * 2 <= C && blocks(ks * 2) <= cap) ks *= 2;
+    if (g_force_ks > 0) {
+      ks = 1;
+      while (ks * 2 <= std::min(g_force_ks, C)) ks *= 2;
+    }
+    const int ksb = std::min(ks, 8), gy = std::max(1, ks / 8), tpb = 8 / ksb;
+    GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy};
+    if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
+      throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
+    const dim3 grid((tiles + tpb - 1) / tpb, gy);
+    if (fp4) gemv2_launch<true>(T, grid, a, ksb, ks, stream);
+    else gemv2_launch<false>(T, grid, a, ksb, ks, stream);
+    check_cuda(cudaGetLastError(), "gemv launch");
+    return;
+  }
+  // v1 (set_linear_kernel_version(1), or a weight pointer the cp.async path cannot take).
   // As many K chunks per warp (bytes in flight per load round) as still leave ~6 warps per SM; measured on
   // the H200 (docs/GEMM_MOE.md, cpw sweep): 4 chunks beat 1-2 at batch 1 for 4096x4096 FP8 and 2048x4096 MXFP4.
   const int target = device_info().sm_count * 6;

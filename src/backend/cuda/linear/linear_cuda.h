@@ -50,8 +50,18 @@ void require_supported_device();
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
           cudaStream_t stream);
 
-// Benchmark knob: force the K chunks (of 128) each warp streams (1, 2 or 4); 0 restores the heuristic.
+// Benchmark knobs. Kernel version: 2 (default) = cp.async-ring streaming kernels, 2-launch MoE with the
+// slot combine fused into w2; 1 = the first kernels (register loads, 4-launch MoE). Process-wide.
+void set_linear_kernel_version(int v);
+int linear_kernel_version();
+// v2 kernels are launched with programmatic dependent launch (default on): each may start while the
+// preceding kernel in the stream finishes, streaming its first weights before waiting for that kernel's
+// results (griddepcontrol.wait precedes every read of activations, routes and outputs).
+void set_linear_pdl(bool on);
+// v1: force the K chunks (of 128) each warp streams (1, 2 or 4); 0 restores the heuristic.
 void set_gemv_chunks_per_warp(int cpw);
+// v2: force the K splits per 16-row tile (a power of two; > 8 splits K across blocks); 0 = heuristic.
+void set_gemv_ksplit(int ks);
 
 // y[i] = bf16(x[i]) (round to nearest even).
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
@@ -70,7 +80,7 @@ struct MoeShape {
 // Scratch sized for T tokens (T <= 64).
 struct MoeWorkspace {
   int max_tokens = 0;
-  int* meta = nullptr;       // n_active, active expert ids, offsets, pair lists
+  int* meta = nullptr;       // v1: n_active, active expert ids, offsets, pair lists; then v2 arrival counters
   uint16_t* h = nullptr;     // bf16 [T*top_k, inter], grouped by expert
   float* ybuf = nullptr;     // fp32 [T*top_k, hidden], indexed by pair t*top_k+k
 };
@@ -81,6 +91,9 @@ void moe_workspace_destroy(MoeWorkspace& ws);
 //   h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * w[t,k];  y = w2 h.
 // x: bf16 [T, hidden]; idx: int32 [T, top_k]; weights: fp32 [T, top_k]; out: fp32 [T, hidden]
 // (overwritten, or accumulated into when `accumulate`). Experts with no token cost nothing.
+// v2 knob: force the K splits per 16-row tile of w1/w3 and w2 (1, 2, 4, 8); 0 = heuristic.
+void set_moe_ksplit(int ks);
+
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream);
 
@@ -90,5 +103,40 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
 void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream);
 void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
                cudaStream_t stream);
+
+// ---------------------------------------------------------------- MoE prefill (MXFP4 routed experts, many tokens)
+// Device-side permutation (pairs sorted by (expert, t, k), counting sort, no host synchronization) and a
+// grouped bf16 tensor-core GEMM that dequantizes the MXFP4 weights exactly inside the kernel; same numerics as
+// moe_decode (bf16 x, h rounded to bf16 before w2, fp32 accumulation). Graph-capturable: the host never reads
+// idx or any count. Scratch sized for max_tokens (memory: about T*top_k*(2*inter + 4*hidden + 8) bytes plus
+// n_experts*T bytes; 1.4 GB at V4-Flash shapes and T = 8192). Create the workspace on the device that runs it.
+struct MoePrefillWorkspace {
+  MoeShape shape;
+  int max_tokens = 0;
+  uint8_t* mark = nullptr;  // u8 [E, T padded to 4]: how often token t lists expert e
+  int* rank = nullptr;      // [T*top_k] rank of each pair inside its expert
+  int* perm = nullptr;      // [T*top_k] pair id (t*top_k+k) at each permuted position
+  int* counts = nullptr;    // [E]
+  int* offsets = nullptr;   // [E+1]
+  int* tiles = nullptr;     // int2 {expert, first row} per token tile of the GEMMs
+  int* n_tiles = nullptr;   // [1]
+  uint16_t* h = nullptr;    // bf16 [T*top_k, inter] in permuted order
+  float* ybuf = nullptr;    // fp32 [T*top_k, hidden], row = pair id
+};
+MoePrefillWorkspace moe_prefill_workspace_create(const MoeShape& s, int max_tokens);
+void moe_prefill_workspace_destroy(MoePrefillWorkspace& ws);
+
+// Same contract as moe_decode for any T <= ws.max_tokens: out[t] (+)= sum_k expert_{idx[t,k]}(x[t]) with
+//   h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * w[t,k];  y = w2 h;  slots summed in ascending k.
+// x: bf16 [T, hidden]; idx: int32 [T, top_k] (device); weights: fp32 [T, top_k]; out: fp32 [T, hidden].
+// Pairs whose expert id is outside [0, n_experts) contribute nothing. Bit-reproducible.
+void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
+                 const float* weights, int T, float* out, bool accumulate, MoePrefillWorkspace& ws, cudaStream_t stream);
+
+// Test/benchmark knob: token rows per GEMM tile (32, 64 or 128); 0 restores the heuristic (from T*top_k/E).
+void set_moe_prefill_tile_n(int n);
+// Test/benchmark knob: 0 = register-staged weight pipeline (default, validated); 1 = cp.async ring with
+// 2-3 k-tiles in flight (opt-in; docs/GEMM_MOE.md "MoE prefill" says whether it has been run on a GPU yet).
+void set_moe_prefill_pipeline(int p);
 
 }  // namespace dsv4::cudalin

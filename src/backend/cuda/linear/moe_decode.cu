@@ -12,6 +12,7 @@
 
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
+#include "backend/cuda/linear/stream.cuh"
 #include "backend/cuda/linear/warp_tile.cuh"
 #include "core/error.h"
 
@@ -19,6 +20,7 @@ namespace dsv4::cudalin {
 namespace {
 
 constexpr int kMaxExperts = 1024;
+int g_force_moe_ks = 0;
 
 // meta layout (ints): [0] n_active | [1, 1+E) active expert ids | [1+E, 2+2E) offsets into the pair lists |
 // [2+2E, 2+2E+P) token of each grouped pair | [2+2E+P, 2+2E+2P) pair id t*top_k+k of each grouped pair.
@@ -172,6 +174,283 @@ __global__ void combine_kernel(const float* ybuf, const int32_t* idx, int T, int
   }
 }
 
+// ---------------------------------------------------------------- v2 (default): two launches
+// Every block finds its expert itself (no grouping kernel): the a-th smallest expert id present in idx
+// (blockIdx.y = a), its (token, slot) pairs in pair order, and the number of valid pairs of smaller experts
+// (the offset of its rows in h). w13 and w2 stream through the per-warp cp.async ring (stream.cuh); a block
+// is 8 warps = (8 / ksb) row tiles x ksb K splits, ksb chosen so the grid fits one wave. w2 also combines:
+// after writing its fp32 rows per pair into ybuf, a block counts arrivals per (token, row block); the block
+// completing a token adds its top_k rows in slot order (fixed order: deterministic) into out.
+constexpr int kMaxPairs = 1024;
+
+struct Slot {
+  int e, off, ntok;
+};
+
+// Needs blockDim.x >= 32. s_pid gets the expert's pair ids in increasing order.
+__device__ Slot find_slot(const int32_t* idx, int P, int E, int slot, int* s_pid, unsigned* s_bits, int* s_info) {
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) s_bits[threadIdx.x] = 0u;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = idx[p];
+    if (e >= 0 && e < E) atomicOr(&s_bits[e >> 5], 1u << (e & 31));
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const unsigned bits = s_bits[lane];
+    const int cnt = __popc(bits);
+    int incl = cnt;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int excl = incl - cnt, total = __shfl_sync(0xFFFFFFFFu, incl, 31);
+    int e = -1;
+    if (slot < total) {
+      const unsigned own = __ballot_sync(0xFFFFFFFFu, slot >= excl && slot < incl);
+      const int owner = __ffs(own) - 1;
+      int cand = -1;
+      if (lane == owner) {
+        unsigned w = bits;
+        for (int j = excl; j < slot; ++j) w &= w - 1u;
+        cand = lane * 32 + __ffs(w) - 1;
+      }
+      e = __shfl_sync(0xFFFFFFFFu, cand, owner);
+    }
+    int n = 0, less = 0;
+    if (e >= 0) {
+      for (int base = 0; base < P; base += 32) {
+        const int p = base + lane;
+        const int v = p < P ? idx[p] : -1;
+        const unsigned m = __ballot_sync(0xFFFFFFFFu, v == e);
+        if (v == e) s_pid[n + __popc(m & ((1u << lane) - 1u))] = p;
+        n += __popc(m);
+        less += __popc(__ballot_sync(0xFFFFFFFFu, v >= 0 && v < e));
+      }
+    }
+    if (lane == 0) s_info[0] = e, s_info[1] = less, s_info[2] = n;
+  }
+  __syncthreads();
+  return Slot{s_info[0], s_info[1], s_info[2]};
+}
+
+constexpr int kMoeStages = 4;
+template <int NMAT>
+constexpr int moe2_smem() { return 8 * dev::ring_bytes_per_warp<true, NMAT, kMoeStages>(); }
+
+struct Moe2Args {
+  const DevExpert* ex;
+  const int32_t* idx;
+  int hidden, inter, E, top_k, P, T;
+  float limit;
+  const uint16_t* x;
+  const float* rw;
+  __nv_bfloat16* h;
+  float* ybuf;
+  float* out;
+  int* counters;  // [T, gridDim.x of w2], zero between launches
+  bool accumulate;
+  int ksb;
+};
+
+template <int NT>
+__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a) {
+  extern __shared__ uint4 ring[];
+  __shared__ float red[2][8][128];
+  __shared__ int s_pid[kMaxPairs];
+  __shared__ unsigned s_bits[32];
+  __shared__ int s_info[3];
+  dev::pdl_wait();  // routes and activations come from the preceding kernels
+  dev::pdl_trigger();
+  const Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
+  if (sl.e < 0) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int ksb = a.ksb, tpb = 8 / ksb, tiles = a.inter / 16, C = a.hidden / 128;
+  const int tile = blockIdx.x * tpb + warp / ksb, ks = warp % ksb;
+  const int cb = ks * C / ksb, ce = (ks + 1) * C / ksb;
+  const DevExpert ex = a.ex[sl.e];
+  const uint8_t* const W[2] = {ex.w1, ex.w3};
+  const uint8_t* const S[2] = {ex.s1, ex.s3};
+  constexpr int kRing = kMoeStages * 2 * dev::RingGeom<true>::kU4;
+  // NT is sized for T tokens; an expert listed twice for one token (possible with hash tables) can have
+  // more, and then streams its weights once per group of 8*NT.
+  for (int base = 0; base < sl.ntok; base += 8 * NT) {
+    const uint16_t* xr[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = base + nt * 8 + g;
+      xr[nt] = j < sl.ntok ? a.x + int64_t(s_pid[j] / a.top_k) * a.hidden + t * 32 : nullptr;
+    }
+    const int nt_valid = min(NT, (sl.ntok - base + 7) / 8);
+    float acc[2][NT][4] = {};
+    if (tile < tiles)
+      dev::stream_warp<true, NT, 2, kMoeStages>(ring + warp * kRing, W, S, false, a.hidden, int64_t(tile) * 16, cb, ce,
+                                                nt_valid, xr, acc);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (nt >= nt_valid) break;
+      dev::stash_frag(red[0][warp], acc[0][nt]);
+      dev::stash_frag(red[1][warp], acc[1][nt]);
+      __syncthreads();
+      for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
+        const int tl = i >> 7, o = i & 127, r = o >> 3, j = base + nt * 8 + (o & 7), tt = blockIdx.x * tpb + tl;
+        float gv = 0.f, uv = 0.f;
+        for (int k = 0; k < ksb; ++k) gv += red[0][tl * ksb + k][o], uv += red[1][tl * ksb + k][o];
+        if (j < sl.ntok && tt < tiles) {
+          if (a.limit > 0.f) {
+            gv = fminf(gv, a.limit);
+            uv = fminf(fmaxf(uv, -a.limit), a.limit);
+          }
+          const float hv = gv / (1.0f + expf(-gv)) * uv * a.rw[s_pid[j]];
+          a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] = __float2bfloat16_rn(hv);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+__device__ __forceinline__ int valid_slots(const int32_t* idx, int t, int top_k, int E) {
+  int n = 0;
+  for (int k = 0; k < top_k; ++k) {
+    const int e = idx[t * top_k + k];
+    n += e >= 0 && e < E;
+  }
+  return n;
+}
+
+// out[t, rows] = (accumulate ? out : 0) + sum_k ybuf[t*top_k + k, rows] in slot order; a bad id adds NaN.
+__device__ __forceinline__ void combine_rows(const Moe2Args& a, int t, int r0, int nrows) {
+  for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
+    const int64_t i = int64_t(t) * a.hidden + r0 + r;
+    float v = a.accumulate ? a.out[i] : 0.f;
+    for (int k = 0; k < a.top_k; ++k) {
+      const int e = a.idx[t * a.top_k + k];
+      v += (e >= 0 && e < a.E) ? __ldcg(&a.ybuf[int64_t(t * a.top_k + k) * a.hidden + r0 + r]) : __int_as_float(0x7FC00000);
+    }
+    a.out[i] = v;
+  }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a) {
+  extern __shared__ uint4 ring[];
+  __shared__ float red[8][128];
+  __shared__ int s_pid[kMaxPairs];
+  __shared__ unsigned char s_last[kMaxPairs];
+  __shared__ unsigned s_bits[32];
+  __shared__ int s_info[3];
+  __shared__ int s_zero[64];
+  const int ksb = a.ksb, tpb = 8 / ksb, tiles = a.hidden / 16, C = a.inter / 128;
+  const int r0 = blockIdx.x * tpb * 16, nrows = min(tpb * 16, a.hidden - r0);
+  // PDL: idx was written before w13 started (w13 triggers after its wait), so it may be read before
+  // pdl_wait(); h, ybuf and out only after it.
+  if (blockIdx.y == 0) {  // tokens whose every id is invalid get no expert block: NaN like the old combine
+    if (threadIdx.x < a.T) s_zero[threadIdx.x] = valid_slots(a.idx, threadIdx.x, a.top_k, a.E) == 0;
+    __syncthreads();
+    for (int t = 0; t < a.T; ++t)
+      if (s_zero[t]) {
+        dev::pdl_wait();
+        combine_rows(a, t, r0, nrows);
+      }
+  }
+  const Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
+  if (sl.e < 0) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * tpb + warp / ksb, ks = warp % ksb;
+  const int cb = ks * C / ksb, ce = (ks + 1) * C / ksb;
+  const uint16_t* hb = reinterpret_cast<const uint16_t*>(a.h);
+  const DevExpert ex = a.ex[sl.e];
+  const uint8_t* const W[1] = {ex.w2};
+  const uint8_t* const S[1] = {ex.s2};
+  constexpr int kRing = kMoeStages * dev::RingGeom<true>::kU4;
+  for (int base = 0; base < sl.ntok; base += 8 * NT) {
+    const uint16_t* xr[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = base + nt * 8 + g;
+      xr[nt] = j < sl.ntok ? hb + int64_t(sl.off + j) * a.inter + t * 32 : nullptr;
+    }
+    const int nt_valid = min(NT, (sl.ntok - base + 7) / 8);
+    float acc[1][NT][4] = {};
+    if (tile < tiles)
+      dev::stream_warp<true, NT, 1, kMoeStages>(ring + warp * kRing, W, S, false, a.inter, int64_t(tile) * 16, cb, ce,
+                                                nt_valid, xr, acc);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (nt >= nt_valid) break;
+      dev::stash_frag(red[warp], acc[0][nt]);
+      __syncthreads();
+      for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
+        const int tl = i >> 7, o = i & 127, r = o >> 3, j = base + nt * 8 + (o & 7), tt = blockIdx.x * tpb + tl;
+        float v = 0.f;
+        for (int k = 0; k < ksb; ++k) v += red[tl * ksb + k][o];
+        if (j < sl.ntok && tt < tiles) a.ybuf[int64_t(s_pid[j]) * a.hidden + tt * 16 + r] = v;
+      }
+      __syncthreads();
+    }
+  }
+  dev::pdl_wait();  // (no-op after stream_warp's) before any write
+  dev::pdl_trigger();
+  // Arrival count per (token, row block); the pair completing its token's valid slots combines the token.
+  __threadfence();
+  __syncthreads();
+  for (int j = threadIdx.x; j < sl.ntok; j += blockDim.x) {
+    const int tok = s_pid[j] / a.top_k;
+    const int prev = atomicAdd(&a.counters[tok * gridDim.x + blockIdx.x], 1);
+    s_last[j] = prev == valid_slots(a.idx, tok, a.top_k, a.E) - 1;
+  }
+  __syncthreads();
+  __threadfence();
+  for (int j = 0; j < sl.ntok; ++j) {
+    if (!s_last[j]) continue;
+    const int tok = s_pid[j] / a.top_k;
+    combine_rows(a, tok, r0, nrows);
+    if (threadIdx.x == 0) a.counters[tok * gridDim.x + blockIdx.x] = 0;  // ready for the next launch
+  }
+}
+
+template <int NT>
+struct Moe2 {
+  static int occ13() {
+    static const int n = occupancy(w13_v2_kernel<NT>, moe2_smem<2>());
+    return n;
+  }
+  static int occ2() {
+    static const int n = occupancy(w2_v2_kernel<NT>, moe2_smem<1>());
+    return n;
+  }
+  template <typename K>
+  static int occupancy(K* kernel, int smem) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, smem), "occupancy");
+    return std::max(n, 1);
+  }
+  static void run(Moe2Args a, int max_active, cudaStream_t s) {
+    const int sms = device_info().sm_count;
+    // K splits per tile: the most (<= 8, <= chunks) whose grid still fits one wave of resident blocks.
+    auto pick = [&](int tiles, int C, int cap) {
+      int ks = 1;
+      while (ks * 2 <= 8 && ks * 2 <= C && int64_t((tiles + 8 / (ks * 2) - 1) / (8 / (ks * 2))) * max_active <= cap)
+        ks *= 2;
+      if (g_force_moe_ks > 0) {
+        ks = 1;
+        while (ks * 2 <= std::min({g_force_moe_ks, C, 8})) ks *= 2;
+      }
+      return ks;
+    };
+    a.ksb = pick(a.inter / 16, a.hidden / 128, sms * occ13());
+    const int tpb13 = 8 / a.ksb;
+    launch_pdl(w13_v2_kernel<NT>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), moe2_smem<2>(), s, a);
+    a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2());
+    const int tpb2 = 8 / a.ksb;
+    launch_pdl(w2_v2_kernel<NT>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), moe2_smem<1>(), s, a);
+  }
+};
+
 template <int NT>
 void launch_experts(int cpw13, int cpw2, dim3 g13, dim3 g2, const MoeArgs& a, cudaStream_t s) {
   switch (cpw13) {
@@ -199,11 +478,16 @@ int chunks_per_warp(int K, const char* what, const MoeShape& s) {
 
 }  // namespace
 
+void set_moe_ksplit(int ks) { g_force_moe_ks = ks; }
+
 MoeWorkspace moe_workspace_create(const MoeShape& s, int max_tokens) {
   MoeWorkspace ws;
   ws.max_tokens = max_tokens;
   const size_t P = size_t(max_tokens) * s.top_k;
-  check_cuda(cudaMalloc(&ws.meta, (2 + 2 * size_t(s.n_experts) + 2 * P) * sizeof(int)), "moe_workspace_create");
+  // meta: the v1 grouping lists, then the v2 arrival counters [max_tokens, hidden / 16] (kept at zero).
+  const size_t meta = 2 + 2 * size_t(s.n_experts) + 2 * P, counters = size_t(max_tokens) * (s.hidden / 16 + 1);
+  check_cuda(cudaMalloc(&ws.meta, (meta + counters) * sizeof(int)), "moe_workspace_create");
+  check_cuda(cudaMemset(ws.meta, 0, (meta + counters) * sizeof(int)), "moe_workspace_create");
   check_cuda(cudaMalloc(&ws.h, P * s.inter * sizeof(uint16_t)), "moe_workspace_create");
   check_cuda(cudaMalloc(&ws.ybuf, P * s.hidden * sizeof(float)), "moe_workspace_create");
   return ws;
@@ -226,6 +510,16 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
                         " top_k ", s.top_k, " unsupported"));
   const int cpw13 = chunks_per_warp(s.hidden, "w1/w3", s), cpw2 = chunks_per_warp(s.inter, "w2", s);
   const int P = T * s.top_k, max_active = std::min(s.n_experts, P);
+  if (linear_kernel_version() == 2 && P <= kMaxPairs) {
+    Moe2Args a{experts, idx, s.hidden, s.inter, s.n_experts, s.top_k, P, T, s.swiglu_limit, x, weights,
+               reinterpret_cast<__nv_bfloat16*>(ws.h), ws.ybuf, out,
+               ws.meta + 2 + 2 * size_t(s.n_experts) + 2 * size_t(ws.max_tokens) * s.top_k, accumulate, 1};
+    if (T <= 8) Moe2<1>::run(a, max_active, stream);
+    else if (T <= 16) Moe2<2>::run(a, max_active, stream);
+    else if (T <= 32) Moe2<4>::run(a, max_active, stream);
+    else Moe2<8>::run(a, max_active, stream);
+    return;
+  }
   Meta m{ws.meta, s.n_experts, P};
   group_kernel<<<1, 256, 0, stream>>>(idx, P, s.top_k, m);
   check_cuda(cudaGetLastError(), "moe group launch");

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds and runs the MXFP4 MoE prefill test and benchmark (src/backend/cuda/linear/moe_prefill.cu) on the
+# GPU machine, from the repository root. Prints the test summary and the benchmark table last.
+# Usage: scripts/gpu/run_moe_prefill.sh [--quick]   (carry [".gpu-deps"]; logs under $OUT)
+set -uo pipefail
+FINAL=${OUT:-build-gpu-moep/out}
+mkdir -p "$FINAL"
+JOBS=${JOBS:-16}
+QUICK=${1:-}
+B=build-gpu-moep
+DEPS_LOG="$FINAL/deps.log"
+source scripts/gpu/deps_prefix.sh
+
+W=$PWD/$B/wrapper  # a small top level: the library, its tests and benchmarks only
+mkdir -p "$W"
+cat > "$W/CMakeLists.txt" <<CM
+cmake_minimum_required(VERSION 3.25)
+project(dsv4_moep LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+find_package(OpenMP REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(Threads REQUIRED)
+add_compile_options(-Wall -Wextra -Wno-unused-parameter)
+include($PWD/cmake/cuda.cmake)
+add_subdirectory($PWD/src src)
+add_subdirectory($PWD/src/backend/cuda/linear cuda_linear)
+enable_testing()
+find_package(GTest REQUIRED)
+include_directories($PWD/tests)  # gpu_available.h (the real top level has it as PROJECT_SOURCE_DIR/tests)
+add_subdirectory($PWD/tests/cuda_linear tests_cuda_linear)
+add_subdirectory($PWD/bench/cuda_linear bench_cuda_linear)
+CM
+TARGETS="test_cuda_moe_prefill bench_cuda_moe_prefill"
+t0=$(date +%s)
+{ cmake -S "$W" -B $B -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target $TARGETS; } > "$FINAL/build.log" 2>&1 ||
+  { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -1
+
+status=0
+exe=$(find $B -name test_cuda_moe_prefill -type f -perm -u+x | head -1)
+t0=$(date +%s)
+OMP_NUM_THREADS=$JOBS timeout 75 "$exe" > "$FINAL/test.log" 2>&1
+rc=$?
+echo "test: $(( $(date +%s) - t0 )) s rc=$rc"
+if [ $rc -ne 0 ]; then
+  status=1
+  grep -E "Failure|FAILED|Expected|Which is|which is|error|Error|differs|tile " "$FINAL/test.log" | head -40
+  tail -5 "$FINAL/test.log"
+fi
+
+bench=$(find $B -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)
+timeout 60 "$bench" $QUICK > "$FINAL/bench.log" 2>&1 || { echo "bench failed"; tail -8 "$FINAL/bench.log"; status=1; }
+
+echo "== test lines (worst first by model error)"
+grep -E "^moe_prefill hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
+grep -E "^moe_prefill hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
+echo "cases run: $(grep -c '^moe_prefill hidden' "$FINAL/test.log")"
+grep -E "^moe_prefill (vs moe_decode|graph)" "$FINAL/test.log"
+grep -c "bit-identical to the default: yes" "$FINAL/test.log" | sed 's/^/tile widths and pipelines bit-identical: /'
+grep -c "bit-identical to the default: no" "$FINAL/test.log" | sed 's/^/tile widths and pipelines differing: /'
+grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.log"
+echo "== bench"
+grep -E "copy bandwidth" "$FINAL/bench.log"
+sed -n '/^MoE prefill/,$p' "$FINAL/bench.log"
+exit $status

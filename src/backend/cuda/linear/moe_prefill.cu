@@ -1,0 +1,549 @@
+// MXFP4 MoE prefill (many tokens, compute bound): device-side token permutation + grouped GEMM over experts
+// with the MXFP4 weights dequantized exactly to bf16 inside the GEMM (never written to memory), bf16
+// tensor-core MMA (mma.sync m16n8k16, fp32 accumulation), SwiGLU + clamp + routing weight fused into the
+// w1/w3 GEMM, a deterministic combine. No host synchronization anywhere: every size the GPU needs (expert
+// counts, offsets, the tile list) lives in device memory, the grids are sized for the worst case from T
+// alone, so the whole call can be captured in a CUDA graph. docs/GEMM_MOE.md ("MoE prefill") has the design.
+//
+// Kernels, in launch order:
+//   memset(mark)                      mark[e][t] = how often token t lists expert e (u8)
+//   mark_kernel        (T threads)    fills mark
+//   rank_kernel        (E blocks)     per expert: a scan over tokens -> rank of each pair inside its expert
+//                                     (pairs ordered by (t, k)), counts[e]
+//   offsets_kernel     (1 block)      exclusive scans: expert offsets, token-tile list for the GEMMs
+//   place_kernel       (P threads)    perm[offsets[e] + rank] = pair  (pairs sorted by (expert, t, k))
+//   gemm<GATE=true>                   h[pos] = bf16(silu(min(x W1ᵀ, L)) * clamp(x W3ᵀ, -L, L) * w)   (x gathered by perm)
+//   gemm<GATE=false>                  ybuf[pair] = h[pos] W2ᵀ   (fp32, row of the pair t*top_k+k)
+//   combine_kernel                    out[t] (+)= sum_{k ascending} ybuf[t*top_k+k]
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/linear/device_check.h"
+#include "backend/cuda/linear/frag.cuh"
+#include "backend/cuda/linear/linear_cuda.h"
+#include "core/error.h"
+
+namespace dsv4::cudalin {
+namespace {
+
+constexpr int kBM = 128;    // weight rows per block (GATE: 64 rows of w1 interleaved by 16 with the same 64 of w3)
+constexpr int kBK = 64;     // K per pipeline stage (two MXFP4 scale blocks)
+constexpr int kThreads = 256;  // 8 warps: 4 along M x 2 along N
+int g_tile_n = 0;           // benchmark/test knob: 0 = heuristic
+int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async ring (opt-in, not yet run on a GPU)
+
+int pad4(int T) { return (T + 3) & ~3; }
+
+// ------------------------------------------------------------------ permutation
+__global__ void mark_kernel(const int32_t* idx, int T, int K, int E, int ldm, uint8_t* mark) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  for (int k = 0; k < K; ++k) {
+    const int e = idx[t * K + k];
+    if (e < 0 || e >= E) continue;
+    int c = 0;
+    for (int j = 0; j < K; ++j) c += idx[t * K + j] == e;
+    mark[size_t(e) * ldm + t] = uint8_t(c);  // duplicates write the same value
+  }
+}
+
+// Block exclusive scan of one int per thread (blockDim.x a multiple of 32, <= 1024); returns the total.
+__device__ int block_exclusive_scan(int v, int& excl, int* s_warp) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  __syncthreads();  // s_warp reuse across calls
+  if (lane == 31) s_warp[w] = inc;
+  __syncthreads();
+  int wbase = 0, total = 0;
+  for (int i = 0; i < nw; ++i) {
+    const int s = s_warp[i];
+    if (i < w) wbase += s;
+    total += s;
+  }
+  excl = wbase + inc - v;
+  return total;
+}
+
+// One block per expert: rank[p] = position of pair p = (t, k) among the pairs of expert e ordered by (t, k).
+__global__ void rank_kernel(const int32_t* idx, const uint8_t* mark, int T, int K, int ldm, int* rank, int* counts) {
+  __shared__ int s_warp[32];
+  const int e = blockIdx.x;
+  const uint8_t* row = mark + size_t(e) * ldm;
+  int carry = 0;
+  for (int t0 = 0; t0 < ldm; t0 += 4 * blockDim.x) {
+    const int t = t0 + 4 * threadIdx.x;
+    uchar4 m = make_uchar4(0, 0, 0, 0);
+    if (t < ldm) m = *reinterpret_cast<const uchar4*>(row + t);
+    const int c[4] = {m.x, m.y, m.z, m.w};
+    int excl;
+    const int total = block_exclusive_scan(c[0] + c[1] + c[2] + c[3], excl, s_warp);
+    int base = carry + excl;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (c[i] != 0) {
+        int j = 0;
+        for (int k = 0; k < K; ++k)
+          if (idx[(t + i) * K + k] == e) rank[(t + i) * K + k] = base + j++;
+      }
+      base += c[i];
+    }
+    carry += total;
+  }
+  if (threadIdx.x == 0) counts[e] = carry;
+}
+
+// One block: offsets[e] (exclusive scan of counts), the token-tile list {expert, first row in the expert}
+// for tiles of tile_n rows, and the tile count.
+__global__ void offsets_kernel(const int* counts, int E, int tile_n, int* offsets, int2* tiles, int* n_tiles) {
+  __shared__ int s_warp[32];
+  int carry_rows = 0, carry_tiles = 0;
+  for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+    const int e = e0 + threadIdx.x;
+    const int c = e < E ? counts[e] : 0;
+    const int nt = (c + tile_n - 1) / tile_n;
+    int ex_rows, ex_tiles;
+    const int tot_rows = block_exclusive_scan(c, ex_rows, s_warp);
+    const int tot_tiles = block_exclusive_scan(nt, ex_tiles, s_warp);
+    if (e < E) {
+      offsets[e] = carry_rows + ex_rows;
+      for (int j = 0; j < nt; ++j) tiles[carry_tiles + ex_tiles + j] = make_int2(e, j * tile_n);
+    }
+    carry_rows += tot_rows, carry_tiles += tot_tiles;
+  }
+  if (threadIdx.x == 0) offsets[E] = carry_rows, *n_tiles = carry_tiles;
+}
+
+__global__ void place_kernel(const int32_t* idx, int P, int E, const int* rank, const int* offsets, int* perm) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const int e = idx[p];
+  if (e < 0 || e >= E) return;
+  perm[offsets[e] + rank[p]] = p;
+}
+
+// ------------------------------------------------------------------ grouped GEMM
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0: zero-fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+// Byte offset of the 16-byte chunk `c` (0..7) of row `r` in a [rows][64] bf16 tile, XOR-swizzled so that
+// eight consecutive rows' chunk c land in eight different bank groups (conflict-free ldmatrix and stores).
+__device__ __forceinline__ uint32_t tile_off(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// 8 e2m1 weights (one 32-bit word, low nibble first) -> 4 bf16x2 words in natural k order, scale applied
+// exactly (frag.cuh: the code placed at bf16 bits 15 / 8..6 is value * 2^-126, fp4_apply multiplies by 2^(e-1)).
+__device__ __forceinline__ void fp4_word_to_bf16(uint32_t w, const dev::Fp4Scale& s, uint32_t (&o)[4]) {
+  const uint32_t p0 = dev::e2m1_pair<0>(w), p1 = dev::e2m1_pair<1>(w);  // (n0, n4), (n1, n5)
+  const uint32_t p2 = dev::e2m1_pair<2>(w), p3 = dev::e2m1_pair<3>(w);  // (n2, n6), (n3, n7)
+  o[0] = dev::fp4_apply(dev::prmt(p0, p1, 0x5410), s);  // (n0, n1)
+  o[1] = dev::fp4_apply(dev::prmt(p2, p3, 0x5410), s);  // (n2, n3)
+  o[2] = dev::fp4_apply(dev::prmt(p0, p1, 0x7632), s);  // (n4, n5)
+  o[3] = dev::fp4_apply(dev::prmt(p2, p3, 0x7632), s);  // (n6, n7)
+}
+
+struct GemmArgs {
+  const DevExpert* experts;
+  const uint16_t* act;   // GATE: x bf16 [T, hidden]; else h bf16 [P, inter] in permuted order
+  int K;                 // reduction length (GATE: hidden, else inter)
+  int n_out;             // output features (GATE: inter, else hidden)
+  int top_k;
+  const int* perm;       // [P] pair id at each permuted position
+  const int* counts;     // [E]
+  const int* offsets;    // [E+1]
+  const int2* tiles;     // {expert, first row inside the expert}
+  const int* n_tiles;
+  const float* weights;  // [P] routing weights (GATE)
+  uint16_t* h;           // GATE out: bf16 [P, inter]
+  float* ybuf;           // down out: fp32 [P, hidden], row = pair id
+  float limit;
+};
+
+// One block: kBM weight rows x BN token rows of one expert's tile, all of K. A (weights): MXFP4 loaded to
+// registers two stages ahead, dequantized exactly and stored to shared memory as bf16; B (activations):
+// cp.async (zero-filled past the expert's rows). Double-buffered shared memory, ldmatrix + mma.sync.
+//
+// PIPE = 0 (default, validated on the H200): weights in registers two k-tiles ahead, B one k-tile ahead, one
+// wait for all copies per k-tile. PIPE = S >= 3 (opt-in, set_moe_prefill_pipeline): an S-slot cp.async ring
+// for both the raw MXFP4 bytes (+ their scale word) and B, S-1 k-tiles in flight; every thread dequantizes
+// exactly the raw bytes it copied itself (so cp.async.wait_group suffices, no extra barrier) into a
+// double-buffered bf16 A tile; one __syncthreads per k-tile.
+template <int BN, bool GATE, int PIPE>
+__global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
+  constexpr int NT = BN / 16;          // n8 tiles per warp (warp covers BN/2 tokens)
+  constexpr int NB = BN * 8 / kThreads;  // 16-byte B chunks per thread per stage
+  constexpr int kAStage = kBM * kBK * 2, kBStage = BN * kBK * 2;
+  constexpr int kRaw = kBM * kBK / 2, kScl = kThreads * 4;  // PIPE: raw MXFP4 bytes, one scale word per thread
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_pair[BN];
+  __shared__ float s_w[BN];
+
+  if (blockIdx.y >= *a.n_tiles) return;
+  const int2 tile = a.tiles[blockIdx.y];
+  const int e = tile.x;
+  const int pos0 = a.offsets[e] + tile.y;
+  const int nvalid = min(BN, a.counts[e] - tile.y);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+  for (int i = tid; i < BN; i += kThreads) {
+    const int p = i < nvalid ? a.perm[pos0 + i] : -1;
+    s_pair[i] = p;
+    if (GATE) s_w[i] = p >= 0 ? a.weights[p] : 0.f;
+  }
+
+  const DevExpert ex = a.experts[e];
+  const int K = a.K, nk = K / kBK;
+  // A source row of this thread: row_a of the block tile, half = which 32 of the stage's 64 k.
+  const int row_a = tid >> 1, half = tid & 1;
+  const uint8_t *wsrc, *ssrc;
+  if (GATE) {
+    const int j = row_a >> 4;
+    const int r = blockIdx.x * (kBM / 2) + 16 * (j >> 1) + (row_a & 15);
+    wsrc = ((j & 1) ? ex.w3 : ex.w1) + size_t(r) * (K / 2) + half * 16;
+    ssrc = ((j & 1) ? ex.s3 : ex.s1) + size_t(r) * (K / 32) + half;
+  } else {
+    const int r = blockIdx.x * kBM + row_a;
+    wsrc = ex.w2 + size_t(r) * (K / 2) + half * 16;
+    ssrc = ex.s2 + size_t(r) * (K / 32) + half;
+  }
+  // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7.
+  uint32_t brow[NB];  // activation row (token for GATE, permuted position otherwise); bit 31: past the tile
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    const int r = (tid >> 3) + 32 * i;
+    const int pos = pos0 + (r < nvalid ? r : 0);
+    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < nvalid ? 0u : 0x80000000u);
+  }
+  const uint16_t* act = a.act + (tid & 7) * 8;
+
+  const uint32_t sA = smem_u32(smem), sB = sA + 2 * kAStage;
+  // Two register slots of raw weights (named, so no dynamic register indexing): tile kt lives in slot kt & 1.
+  uint4 raw0, raw1;
+  uint32_t rsc0, rsc1;
+  auto ldA = [&](int kt, uint4& r, uint32_t& sc) {
+    r = dev::ld_stream(wsrc + kt * 32);
+    sc = __ldg(ssrc + kt * 2);
+  };
+  auto stA = [&](const uint4& r, uint32_t sc, int stage) {
+    const dev::Fp4Scale s = dev::fp4_scale(sc);
+    const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t o[4];
+      fp4_word_to_bf16(wd[q], s, o);
+      st_shared_v4(sA + stage * kAStage + tile_off(row_a, half * 4 + q), o[0], o[1], o[2], o[3]);
+    }
+  };
+  auto cpB = [&](int kt, int stage) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+      cp_async16(sB + stage * kBStage + tile_off((tid >> 3) + 32 * i, tid & 7),
+                 act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+    cp_commit();
+  };
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+
+  auto compute = [&](int a_stage, int b_stage) {
+    const uint32_t a_base = sA + a_stage * kAStage, b_base = sB + b_stage * kBStage;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        ldsm_x4(a_base + tile_off(32 * wm + 16 * i + (lane & 15), 2 * kk + (lane >> 4)), af[i][0], af[i][1], af[i][2],
+                af[i][3]);
+      uint32_t bf[NT][2];
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; ++jj) {
+        const int q = lane >> 3;
+        ldsm_x4(b_base + tile_off(wn * (BN / 2) + 16 * jj + (q >> 1) * 8 + (lane & 7), 2 * kk + (q & 1)), bf[2 * jj][0],
+                bf[2 * jj][1], bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) dev::mma(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+    }
+  };
+
+  if constexpr (PIPE == 0) {
+    // Prologue: tile 0 -> stage 0; tiles 1 and 2 in registers.
+    ldA(0, raw0, rsc0);
+    if (nk > 1) ldA(1, raw1, rsc1);
+    cpB(0, 0);
+    stA(raw0, rsc0, 0);
+    if (nk > 2) ldA(2, raw0, rsc0);
+    cp_wait_all();
+    __syncthreads();
+
+    // Iteration kt: B of kt+1 in flight (cp.async), MMAs on stage kt&1, then tile kt+1's weights (loaded two
+    // iterations ago) dequantized into the other stage and tile kt+3's weights requested into the freed slot.
+    auto iter = [&](int kt, uint4& r_next, uint32_t& sc_next) {
+      const int s = kt & 1;
+      if (kt + 1 < nk) cpB(kt + 1, s ^ 1);
+      compute(s, s);
+      if (kt + 1 < nk) {
+        stA(r_next, sc_next, s ^ 1);
+        if (kt + 3 < nk) ldA(kt + 3, r_next, sc_next);
+      }
+      cp_wait_all();
+      __syncthreads();
+    };
+    for (int kt = 0; kt < nk; kt += 2) {
+      iter(kt, raw1, rsc1);                      // tile kt+1 is in slot 1
+      if (kt + 1 < nk) iter(kt + 1, raw0, rsc0);  // tile kt+2 is in slot 0
+    }
+
+  } else {
+    constexpr int S = PIPE;
+    static_assert(S >= 3, "PIPE: 0 or a ring of at least 3 slots");
+    const uint32_t sRaw = sB + S * kBStage, sScl = sRaw + S * kRaw;
+    // Scale word: the 4 bytes at [row][4 * (kt / 2)] hold k-tiles 2*(kt/2) and 2*(kt/2)+1, halves 0 and 1 each
+    // (needs the scale array 4-byte aligned); every thread copies its own word per k-tile.
+    const uint8_t* srow = ssrc - half;
+    auto issue = [&](int kt) {
+      if (kt < nk) {
+        const int slot = kt % S;
+        cp_async16(sRaw + slot * kRaw + tid * 16, wsrc + kt * 32, true);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sScl + slot * kScl + tid * 4),
+                     "l"(srow + 4 * (kt >> 1)));
+#pragma unroll
+        for (int i = 0; i < NB; ++i)
+          cp_async16(sB + slot * kBStage + tile_off((tid >> 3) + 32 * i, tid & 7),
+                     act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+      }
+      cp_commit();  // empty groups past the end keep the group count uniform
+    };
+    auto convert = [&](int kt) {  // own raw bytes of k-tile kt -> bf16 A buffer kt & 1
+      const int slot = kt % S;
+      uint4 r;
+      uint32_t w;
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(sRaw + slot * kRaw + tid * 16));
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w) : "r"(sScl + slot * kScl + tid * 4));
+      stA(r, (w >> (8 * (2 * (kt & 1) + half))) & 0xFFu, kt & 1);
+    };
+#pragma unroll 1
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    asm volatile("cp.async.wait_group %0;" ::"n"(S - 2) : "memory");
+    convert(0);
+    __syncthreads();
+#pragma unroll 1
+    for (int kt = 0; kt < nk; ++kt) {
+      issue(kt + S - 1);  // into the slot of k-tile kt-1, released by the barrier that ended iteration kt-1
+      compute(kt & 1, kt % S);
+      asm volatile("cp.async.wait_group %0;" ::"n"(S - 2) : "memory");  // own copies of k-tile kt+1 landed
+      if (kt + 1 < nk) convert(kt + 1);
+      __syncthreads();
+    }
+  }
+
+  // Epilogue. Fragment: acc[i][j][2*hh + c] = (row 16 i + g + 8 hh of the warp, token col 8 j + 2 t + c).
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = wn * (BN / 2) + 8 * j + 2 * t4 + c;
+      if (col >= nvalid) continue;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        if (GATE) {
+          float gv = acc[0][j][2 * hh + c], uv = acc[1][j][2 * hh + c];
+          if (a.limit > 0.f) gv = fminf(gv, a.limit), uv = fminf(fmaxf(uv, -a.limit), a.limit);
+          const float hv = gv / (1.0f + expf(-gv)) * uv * s_w[col];
+          const int f = blockIdx.x * (kBM / 2) + 16 * wm + g + 8 * hh;
+          a.h[size_t(pos0 + col) * a.n_out + f] = __bfloat16_as_ushort(__float2bfloat16_rn(hv));
+        } else {
+          const size_t yrow = size_t(s_pair[col]) * a.n_out;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) a.ybuf[yrow + blockIdx.x * kBM + 32 * wm + 16 * i + g + 8 * hh] = acc[i][j][2 * hh + c];
+        }
+      }
+    }
+}
+
+// out[t, d] (+)= sum over k ascending of ybuf[t*K + k, d] (pairs with an invalid expert id contribute 0).
+__global__ void combine_kernel(const float* ybuf, const int32_t* idx, int T, int K, int E, int hidden, float* out,
+                               bool accumulate) {
+  const int n4 = hidden / 4;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(T) * n4;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(i / n4), d4 = int(i % n4);
+    float4 s = accumulate ? reinterpret_cast<const float4*>(out)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; ++k) {
+      const int e = idx[t * K + k];
+      if (e < 0 || e >= E) continue;
+      const float4 y = reinterpret_cast<const float4*>(ybuf + size_t(t * K + k) * hidden)[d4];
+      s.x += y.x, s.y += y.y, s.z += y.z, s.w += y.w;
+    }
+    reinterpret_cast<float4*>(out)[i] = s;
+  }
+}
+
+template <int BN, int PIPE>
+constexpr int gemm_smem() {
+  if (PIPE == 0) return 2 * (kBM * kBK * 2 + BN * kBK * 2);  // two stages of A (bf16) and B
+  return 2 * kBM * kBK * 2 + PIPE * (BN * kBK * 2 + kBM * kBK / 2 + kThreads * 4);  // A x2, ring of B + raw + scales
+}
+// Ring depth of the opt-in pipeline per tile width: the most slots under 99 KB per block (sm_120) with two
+// blocks per SM on sm_90 (static shared memory adds 2 * 4 * BN bytes).
+template <int BN>
+constexpr int pipe_slots() {
+  return BN == 128 ? 3 : 4;
+}
+
+template <int BN, bool GATE, int PIPE>
+void set_smem_attr() {  // dynamic shared memory above 48 KB needs the opt-in (per device; not a stream op)
+  static_assert(gemm_smem<BN, PIPE>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
+  check_cuda(cudaFuncSetAttribute(moe_gemm_kernel<BN, GATE, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  gemm_smem<BN, PIPE>()),
+             "moe_prefill smem attribute");
+}
+
+template <int BN>
+void set_smem_attrs() {
+  set_smem_attr<BN, true, 0>(), set_smem_attr<BN, false, 0>();
+  set_smem_attr<BN, true, pipe_slots<BN>()>(), set_smem_attr<BN, false, pipe_slots<BN>()>();
+}
+
+template <int BN, bool GATE, int PIPE>
+void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
+  moe_gemm_kernel<BN, GATE, PIPE><<<dim3(grid_x, max_tiles), kThreads, gemm_smem<BN, PIPE>(), stream>>>(a);
+  check_cuda(cudaGetLastError(), GATE ? "moe_prefill w1/w3 launch" : "moe_prefill w2 launch");
+}
+
+template <int BN>
+void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe, cudaStream_t st) {
+  if (pipe) {
+    launch_gemm<BN, true, pipe_slots<BN>()>(g1, gx1, max_tiles, st);
+    launch_gemm<BN, false, pipe_slots<BN>()>(g2, gx2, max_tiles, st);
+  } else {
+    launch_gemm<BN, true, 0>(g1, gx1, max_tiles, st);
+    launch_gemm<BN, false, 0>(g2, gx2, max_tiles, st);
+  }
+}
+
+int pick_tile_n(const MoeShape& s, int T) {
+  if (g_tile_n) return g_tile_n;
+  const double avg = double(T) * s.top_k / s.n_experts;  // rows per expert under uniform routing
+  return avg <= 40 ? 32 : avg <= 96 ? 64 : 128;
+}
+
+void check_shape(const MoeShape& s, const char* who) {
+  if (s.hidden <= 0 || s.inter <= 0 || s.hidden % 128 != 0 || s.inter % 128 != 0 || s.n_experts <= 0 ||
+      s.n_experts > 65535 || s.top_k <= 0 || s.top_k > 255)
+    throw Error(str_cat("cuda ", who, ": MoE shape hidden ", s.hidden, " inter ", s.inter, " experts ", s.n_experts,
+                        " top_k ", s.top_k, " unsupported (hidden, inter multiples of 128; top_k <= 255)"));
+}
+
+}  // namespace
+
+void set_moe_prefill_tile_n(int n) {
+  if (n != 0 && n != 32 && n != 64 && n != 128) throw Error(str_cat("set_moe_prefill_tile_n: ", n, " not 0, 32, 64 or 128"));
+  g_tile_n = n;
+}
+
+void set_moe_prefill_pipeline(int p) {
+  if (p != 0 && p != 1) throw Error(str_cat("set_moe_prefill_pipeline: ", p, " not 0 or 1"));
+  g_pipeline = p;
+}
+
+MoePrefillWorkspace moe_prefill_workspace_create(const MoeShape& s, int max_tokens) {
+  check_shape(s, "moe_prefill_workspace_create");
+  if (max_tokens <= 0) throw Error(str_cat("moe_prefill_workspace_create: max_tokens ", max_tokens));
+  set_smem_attrs<32>(), set_smem_attrs<64>(), set_smem_attrs<128>();
+  MoePrefillWorkspace ws;
+  ws.shape = s;
+  ws.max_tokens = max_tokens;
+  const size_t P = size_t(max_tokens) * s.top_k;
+  const size_t max_tiles = P / 32 + 1 + std::min<size_t>(s.n_experts, P);
+  auto alloc = [](void** p, size_t bytes, const char* what) { check_cuda(cudaMalloc(p, std::max<size_t>(bytes, 16)), what); };
+  alloc(reinterpret_cast<void**>(&ws.mark), size_t(s.n_experts) * pad4(max_tokens), "moe_prefill mark");
+  alloc(reinterpret_cast<void**>(&ws.rank), P * 4, "moe_prefill rank");
+  alloc(reinterpret_cast<void**>(&ws.perm), P * 4, "moe_prefill perm");
+  alloc(reinterpret_cast<void**>(&ws.counts), size_t(s.n_experts) * 4, "moe_prefill counts");
+  alloc(reinterpret_cast<void**>(&ws.offsets), size_t(s.n_experts + 1) * 4, "moe_prefill offsets");
+  alloc(reinterpret_cast<void**>(&ws.tiles), max_tiles * 8, "moe_prefill tiles");
+  alloc(reinterpret_cast<void**>(&ws.n_tiles), 4, "moe_prefill n_tiles");
+  alloc(reinterpret_cast<void**>(&ws.h), P * s.inter * 2, "moe_prefill h");
+  alloc(reinterpret_cast<void**>(&ws.ybuf), P * s.hidden * 4, "moe_prefill ybuf");
+  return ws;
+}
+
+void moe_prefill_workspace_destroy(MoePrefillWorkspace& ws) {
+  for (void* p : {static_cast<void*>(ws.mark), static_cast<void*>(ws.rank), static_cast<void*>(ws.perm),
+                  static_cast<void*>(ws.counts), static_cast<void*>(ws.offsets), static_cast<void*>(ws.tiles),
+                  static_cast<void*>(ws.n_tiles), static_cast<void*>(ws.h), static_cast<void*>(ws.ybuf)})
+    cudaFree(p);
+  ws = MoePrefillWorkspace{};
+}
+
+void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx, const float* weights,
+                 int T, float* out, bool accumulate, MoePrefillWorkspace& ws, cudaStream_t stream) {
+  require_supported_device();
+  check_shape(s, "moe_prefill");
+  const MoeShape& w = ws.shape;
+  if (w.hidden != s.hidden || w.inter != s.inter || w.n_experts != s.n_experts || w.top_k != s.top_k)
+    throw Error("cuda moe_prefill: workspace was created for another MoE shape");
+  if (T < 0 || T > ws.max_tokens)
+    throw Error(str_cat("cuda moe_prefill: T = ", T, " outside [0, ", ws.max_tokens, "] (workspace size)"));
+  if (T == 0) return;
+  const int K = s.top_k, E = s.n_experts, P = T * K, ldm = pad4(T);
+  const int BN = pick_tile_n(s, T);
+  const int max_tiles = (P + BN - 1) / BN + std::min(E, P);  // >= sum over experts of ceil(count / BN)
+  if (max_tiles > 65535) throw Error(str_cat("cuda moe_prefill: T = ", T, " needs ", max_tiles, " tile rows (> 65535)"));
+
+  check_cuda(cudaMemsetAsync(ws.mark, 0, size_t(E) * ldm, stream), "moe_prefill memset");
+  mark_kernel<<<(T + 255) / 256, 256, 0, stream>>>(idx, T, K, E, ldm, ws.mark);
+  rank_kernel<<<E, 256, 0, stream>>>(idx, ws.mark, T, K, ldm, ws.rank, ws.counts);
+  offsets_kernel<<<1, 1024, 0, stream>>>(ws.counts, E, BN, ws.offsets, reinterpret_cast<int2*>(ws.tiles), ws.n_tiles);
+  place_kernel<<<(P + 255) / 256, 256, 0, stream>>>(idx, P, E, ws.rank, ws.offsets, ws.perm);
+  check_cuda(cudaGetLastError(), "moe_prefill permutation launch");
+
+  GemmArgs a{};
+  a.experts = experts;
+  a.top_k = K;
+  a.perm = ws.perm, a.counts = ws.counts, a.offsets = ws.offsets;
+  a.tiles = reinterpret_cast<const int2*>(ws.tiles), a.n_tiles = ws.n_tiles;
+  a.weights = weights, a.h = ws.h, a.ybuf = ws.ybuf, a.limit = s.swiglu_limit;
+  GemmArgs g1 = a, g2 = a;
+  g1.act = x, g1.K = s.hidden, g1.n_out = s.inter;
+  g2.act = ws.h, g2.K = s.inter, g2.n_out = s.hidden;
+  const int gx1 = s.inter / (kBM / 2), gx2 = s.hidden / kBM;
+  const bool pipe = g_pipeline == 1;
+  switch (BN) {
+    case 32: launch_both<32>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
+    case 64: launch_both<64>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
+    default: launch_both<128>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
+  }
+  const int64_t n4 = int64_t(T) * s.hidden / 4;
+  combine_kernel<<<static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 8192)), 256, 0, stream>>>(
+      ws.ybuf, idx, T, K, E, s.hidden, out, accumulate);
+  check_cuda(cudaGetLastError(), "moe_prefill combine launch");
+}
+
+}  // namespace dsv4::cudalin

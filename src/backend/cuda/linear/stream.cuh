@@ -1,0 +1,274 @@
+// Streaming version of one warp's share of a weight-streaming GEMM (v2 kernels, see docs/GEMM_MOE.md):
+// 16 weight rows (row0 .. row0+15) of NMAT matrices that share activations, over the K chunks [cb, ce)
+// (128 wide each), against up to 8*NT activation rows.
+//
+// Weights go through a per-warp ring of STAGES chunks in shared memory filled with cp.async (16-byte
+// pieces, L2 only): STAGES-1 chunks are always in flight while one is converted and multiplied, so a warp
+// streams any number of chunks without holding them in registers. Every lane copies exactly the bytes it
+// later reads (same layout as warp_tile.cuh: lane (g, t) owns rows g and g+8, bytes of k = 32t .. 32t+31),
+// so no barrier is needed: cp.async.wait_group orders a lane's own copies.
+// FP8 tile scales: one register per lane holds chunk cb+lane's scale (shuffled out per chunk). MXFP4 scales
+// (4 bytes per row and chunk) travel in the ring with the weights.
+// Activations (L1/L2) are loaded one chunk ahead into registers when NT <= 2.
+#pragma once
+#include "backend/cuda/linear/frag.cuh"
+
+namespace dsv4::cudalin::dev {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(smem_u32(p)) : "memory");
+  return r;
+}
+__device__ __forceinline__ uint2 lds64(const void* p) {
+  uint2 r;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(smem_u32(p)) : "memory");
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word4(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// uint4 units of one stage of one matrix in a warp's ring.
+template <bool FP4>
+struct RingGeom {
+  static constexpr int kU4 = FP4 ? 2 * 32 + 16 : 4 * 32;  // FP4: 2 pieces + 32 lanes x 8 scale bytes
+};
+template <bool FP4, int NMAT, int STAGES>
+constexpr int ring_bytes_per_warp() {
+  return STAGES * NMAT * RingGeom<FP4>::kU4 * 16;
+}
+
+// B fragments of one 128-wide chunk for one n-tile: bf[s][0..1] for the 8 k16 steps, permuted like the
+// weight bytes (FP8: bytes (4s, 4s+2), (4s+1, 4s+3) of word s; FP4: nibbles (0,4), (1,5) | (2,6), (3,7)).
+template <bool FP4>
+__device__ __forceinline__ void act_frags(const Act32& a, uint32_t (&bf)[8][2]) {
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    uint32_t u0, u1;
+    if constexpr (FP4) {
+      const int q = s >> 1, o = s & 1;
+      u0 = a.u[4 * q + o], u1 = a.u[4 * q + o + 2];
+    } else {
+      u0 = a.u[2 * s], u1 = a.u[2 * s + 1];
+    }
+    bf[s][0] = prmt(u0, u1, 0x5410);
+    bf[s][1] = prmt(u0, u1, 0x7632);
+  }
+}
+
+// Programmatic dependent launch (sm_90+): wait for the preceding grid (no-op when launched without the
+// attribute); let the next PDL-launched grid be scheduled.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// PDL: the weight prologue (STAGES-1 chunks) is issued before pdl_wait(), which precedes every activation
+// read; the caller must not read anything a preceding kernel writes before calling this.
+// Activations of one lane for one chunk, matching its weight bytes. FP4: k = 32t .. 32t+31 (p = x + 32t).
+// FP8: k = 16t .. 16t+15 and 64+16t .. 64+16t+15 (p = x + 16t), so that word s of the lane's 32 weight
+// bytes (s < 4: first piece, else second) meets u[2s], u[2s+1] as in the FP4-style contiguous case.
+template <bool FP4>
+__device__ __forceinline__ void load_act_lane(Act32& a, const uint16_t* p) {
+  if (!p) {
+#pragma unroll
+    for (int m = 0; m < 16; ++m) a.u[m] = 0u;
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 v = ld_act(p + (FP4 ? 8 * q : (q < 2 ? 8 * q : 64 + 8 * (q - 2))));
+    a.u[4 * q] = v.x, a.u[4 * q + 1] = v.y, a.u[4 * q + 2] = v.z, a.u[4 * q + 3] = v.w;
+  }
+}
+
+template <bool FP4, int NT, int NMAT, int STAGES>
+__device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&W)[NMAT],
+                                            const uint8_t* const (&S)[NMAT], bool sf32, int64_t K, int64_t row0,
+                                            int cb, int ce, int nt_valid, const uint16_t* const (&xr)[NT],
+                                            float (&acc)[NMAT][NT][4]) {
+  constexpr int U4 = RingGeom<FP4>::kU4;
+  constexpr bool PF = NT == 1;  // activation prefetch only where registers allow
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n = ce - cb;
+  if (n <= 0) {
+    pdl_wait();
+    return;
+  }
+  // Per-lane source pointers at chunk 0 and the byte stride per chunk.
+  const uint8_t* wsrc[NMAT];
+  const uint8_t* ssrc[NMAT];
+  int64_t rstride;  // bytes between row g and row g+8
+#pragma unroll
+  for (int m = 0; m < NMAT; ++m) {
+    if constexpr (FP4) {
+      wsrc[m] = W[m] + (row0 + g) * (K / 2) + t * 16;
+      ssrc[m] = S[m] + (row0 + g) * (K / 32);
+    } else {
+      wsrc[m] = W[m] + (row0 + g) * K + t * 16;  // pieces at k = 16t and 64 + 16t: full 32-byte sectors
+      ssrc[m] = S[m];
+    }
+  }
+  rstride = FP4 ? 8 * (K / 2) : 8 * K;
+  const int64_t sstride = 8 * (K / 32);
+  bool s_aligned = true;
+  if constexpr (FP4) {
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) s_aligned = s_aligned && (reinterpret_cast<uintptr_t>(S[m]) & 3u) == 0 && (K / 32) % 4 == 0;
+  }
+  auto issue = [&](int i) {
+    const int c = cb + i;
+    uint4* st = ring + (i % STAGES) * (NMAT * U4);
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) {
+      uint4* sm = st + m * U4;
+      if constexpr (FP4) {
+        const uint8_t* p = wsrc[m] + int64_t(c) * 64;
+        cp_async16(smem_u32(sm + lane), p);
+        cp_async16(smem_u32(sm + 32 + lane), p + rstride);
+        uint32_t* sc = reinterpret_cast<uint32_t*>(sm + 64) + 2 * lane;
+        const uint8_t* q = ssrc[m] + int64_t(c) * 4;
+        if (s_aligned) {
+          cp_async4(smem_u32(sc), q);
+          cp_async4(smem_u32(sc + 1), q + sstride);
+        } else {  // unaligned scale pointer: plain loads (correct, not streamed)
+          sc[0] = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
+          q += sstride;
+          sc[1] = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
+        }
+      } else {
+        const uint8_t* p = wsrc[m] + int64_t(c) * 128;
+        cp_async16(smem_u32(sm + lane), p);
+        cp_async16(smem_u32(sm + 32 + lane), p + 64);
+        cp_async16(smem_u32(sm + 64 + lane), p + rstride);
+        cp_async16(smem_u32(sm + 96 + lane), p + rstride + 64);
+      }
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n) issue(i);
+    cp_commit();
+  }
+  // FP8 scales of chunks cb + 32j + lane, refreshed every 32 chunks.
+  const int64_t sc_cols = K / 128, sc_base = (row0 / 128) * sc_cols;
+  float scv[NMAT];
+  auto load_scales = [&](int i0) {
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) {
+      scv[m] = 0.f;
+      if constexpr (!FP4) {
+        const int c = cb + i0 + lane;
+        if (c < ce) {
+          const int64_t si = sc_base + c;
+          scv[m] = sf32 ? __ldg(reinterpret_cast<const float*>(S[m]) + si) : e8m0_f32(__ldg(S[m] + si));
+        }
+      }
+    }
+  };
+  if constexpr (!FP4) load_scales(0);
+  pdl_wait();  // weights and scales are constant; activations may come from the preceding kernel
+
+  // Activations of chunk i+1 are loaded while chunk i is computed, into the other of two register sets
+  // (ping-pong: a copy between the sets would wait for the load).
+  Act32 actA[NT], actB[NT];
+  auto load_acts = [&](Act32 (&dst)[NT], int c) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      if (nt < nt_valid) load_act_lane<FP4>(dst[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
+  };
+  if constexpr (PF) load_acts(actA, cb);
+
+  auto body = [&](int i, Act32 (&cur)[NT], Act32 (&nxt)[NT]) {
+    if (i + STAGES - 1 < n) issue(i + STAGES - 1);
+    cp_commit();
+    const int c = cb + i;
+    if constexpr (PF) {
+      if (i + 1 < n) load_acts(nxt, c + 1);
+    }
+    float scm[NMAT];
+    if constexpr (!FP4) {
+      if (i > 0 && (i & 31) == 0) load_scales(i);
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m) scm[m] = __shfl_sync(0xFFFFFFFFu, scv[m], i & 31);
+    }
+    cp_wait<STAGES - 1>();
+    const uint4* st = ring + (i % STAGES) * (NMAT * U4);
+    // One matrix at a time (32 fragment registers live), each against every n-tile.
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) {
+      const uint4* sm = st + m * U4;
+      uint32_t af[8][4];
+      if constexpr (FP4) {
+        const uint4 w0 = lds128(sm + lane), w1 = lds128(sm + 32 + lane);
+        const uint2 se = lds64(reinterpret_cast<const uint32_t*>(sm + 64) + 2 * lane);
+        const Fp4Scale sa = fp4_scale((se.x >> (8 * t)) & 0xFFu), sb = fp4_scale((se.y >> (8 * t)) & 0xFFu);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t wa = word4(w0, q), wb = word4(w1, q);
+          af[2 * q][0] = fp4_apply(e2m1_pair<0>(wa), sa);
+          af[2 * q][1] = fp4_apply(e2m1_pair<0>(wb), sb);
+          af[2 * q][2] = fp4_apply(e2m1_pair<1>(wa), sa);
+          af[2 * q][3] = fp4_apply(e2m1_pair<1>(wb), sb);
+          af[2 * q + 1][0] = fp4_apply(e2m1_pair<2>(wa), sa);
+          af[2 * q + 1][1] = fp4_apply(e2m1_pair<2>(wb), sb);
+          af[2 * q + 1][2] = fp4_apply(e2m1_pair<3>(wa), sa);
+          af[2 * q + 1][3] = fp4_apply(e2m1_pair<3>(wb), sb);
+        }
+      } else {
+        const uint4 p0 = lds128(sm + lane), p1 = lds128(sm + 32 + lane), p2 = lds128(sm + 64 + lane),
+                    p3 = lds128(sm + 96 + lane);
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          const uint32_t wa = word4(s < 4 ? p0 : p1, s & 3), wb = word4(s < 4 ? p2 : p3, s & 3);
+          af[s][0] = e4m3_02(wa);
+          af[s][1] = e4m3_02(wb);
+          af[s][2] = e4m3_13(wa);
+          af[s][3] = e4m3_13(wb);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (nt >= nt_valid) break;
+        if constexpr (!PF) load_act_lane<FP4>(cur[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
+        uint32_t bf[8][2];
+        act_frags<FP4>(cur[nt], bf);
+        // Two independent MMA chains (even / odd k16 steps), added at the end of the chunk.
+        float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 0; s < 8; s += 2) {
+          mma(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
+          mma(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if constexpr (FP4) acc[m][nt][k] += t0[k] + t1[k];
+          else acc[m][nt][k] = fmaf(t0[k] + t1[k], scm[m], acc[m][nt][k]);
+        }
+      }
+    }
+  };
+  int i = 0;
+  for (; i + 1 < n; i += 2) {
+    body(i, actA, actB);
+    body(i + 1, actB, actA);
+  }
+  if (i < n) body(i, actA, actB);
+  cp_wait<0>();
+}
+
+}  // namespace dsv4::cudalin::dev
