@@ -103,9 +103,25 @@ void GpuModel::Impl::attention(int li, int T) {
     mark(li, "index.q");
     const int64_t n_cols = meta.n_cols4();
     const int32_t* vis = meta.dev(StepMeta::kVis4);
-    // TODO(issue #4): the FP8 indexer kernel with per-query key offsets (one launch for the batch, graph-safe).
-    glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
-                         st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
+    if (st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim) {
+      // FP8 keys: the tensor-core indexer, one launch for the step (per-query key offsets on the device).
+      cuda::IndexerArgs ia;
+      ia.q = s.iq;
+      ia.w = s.iw;
+      ia.keys = P.index_keys;
+      ia.n_keys = n_cols;
+      ia.row_bytes = static_cast<int64_t>(st->index_row_bytes);
+      ia.n_visible = vis;
+      ia.scores = s.scores;
+      ia.score_stride = n_cols;
+      ia.n_queries = T;
+      ia.key_offset = meta.dev(StepMeta::kKeyBase);
+      ia.exact_q = opt.exact_linear;  // exact mode: q as bf16 hi + lo (~2^-16) instead of one fp16 rounding
+      cuda::indexer_scores_fp8(ia, stream);
+    } else {
+      glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
+                           st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
+    }
     mark(li, "index.scores");
     cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
     mark(li, "index.topk");
@@ -130,6 +146,8 @@ void GpuModel::Impl::attention(int li, int T) {
   sa.out = s.o;
   sa.n_queries = T;
   sa.workspace = s.attn_ws;
+  // Exact mode keeps the fp32 CUDA-core kernel; otherwise tensor cores with q and P split into bf16 hi + lo.
+  sa.precision = opt.exact_linear ? cuda::AttnPrecision::kFp32 : cuda::AttnPrecision::kSplitBf16;
   cuda::sparse_attention(sa, stream);
   mark(li, "sparse_attention");
   glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream);
