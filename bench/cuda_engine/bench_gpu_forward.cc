@@ -4,7 +4,8 @@
 // Not a test: numbers only (docs/PERFORMANCE.md).
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
-//                     [--prefill 8192] [--full-layers 43] [--copy-gbs 0 (measure)]
+//                     [--prefill 8192] [--prefill-chunk 0] [--full-layers 43]
+// --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -102,7 +103,7 @@ double now_s() {
 int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
-  int prompt = 512, decode = 32, prefill = 8192, full_layers = 43;
+  int prompt = 512, decode = 32, prefill = 8192, full_layers = 43, prefill_chunk = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
     else if (a == "--decode") decode = std::atoi(next().c_str());
     else if (a == "--prefill") prefill = std::atoi(next().c_str());
     else if (a == "--full-layers") full_layers = std::atoi(next().c_str());
+    else if (a == "--prefill-chunk") prefill_chunk = std::atoi(next().c_str());
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }
@@ -129,6 +131,7 @@ int main(int argc, char** argv) {
     o.max_model_len = std::max(prompt + decode + 8, prefill + decode + 8);
     o.progress = true;
     o.poison = false;
+    o.prefill_chunk = prefill_chunk;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,
@@ -195,8 +198,9 @@ int main(int argc, char** argv) {
       }
       const double ms = 1e3 * (now_s() - t1) / decode;
       std::printf("| 1 | %d | %.3f | %.1f | | |\n", prefill + 1, ms, 1e3 / ms);
-      std::printf("\nprefill %d tokens, token by token with graphs, %d layers: %.2f s = %.0f tok/s\n", prefill, L, sec,
-                  prefill_tps);
+      std::printf("\nprefill %d tokens, %s, %d layers: %.2f s = %.0f tok/s\n", prefill,
+                  prefill_chunk > 1 ? ("chunks of " + std::to_string(prefill_chunk)).c_str()
+                                    : "token by token with graphs", L, sec, prefill_tps);
     }
     m.reset();
 

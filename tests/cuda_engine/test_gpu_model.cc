@@ -336,6 +336,31 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
   }
 }
 
+// Chunked prefill (GpuOptions::prefill_chunk): several tokens of a sequence per step, against the CPU.
+// Chunks of 48 cut the 4- and 128-token compressor blocks and the 64-row window anywhere and widen the ring;
+// chunks of 200 (above 64 tokens per step) take the GEMV in 64-row slices and the grouped MoE prefill GEMM.
+// Same functions as the token-by-token path, so the same bounds: exact mode on the selective model (5e-4,
+// argmax identical), kernels on the continuous model (2e-2).
+TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  for (int chunk : {48, 200}) {
+    gpu::GpuOptions exact = test_options(KvDtype::kF32, true);
+    exact.prefill_chunk = chunk;
+    const auto& cs = cpu(1, KvDtype::kF32);
+    compare(chunk == 48 ? "selective model, exact, chunked prefill 48, f32 KV vs CPU:"
+                        : "selective model, exact, chunked prefill 200, f32 KV vs CPU:",
+            gpu(1, exact, cs), cs, 5e-4, true);
+    gpu::GpuOptions kern = test_options(KvDtype::kFP8);
+    kern.prefill_chunk = chunk;
+    const auto& f32 = cpu(0, KvDtype::kF32);
+    const auto& c8 = cpu(0, KvDtype::kFP8);
+    const double dq = kv_quantization_effect("continuous model, fp8 KV", c8, f32);
+    compare(chunk == 48 ? "continuous model, kernels, chunked prefill 48, fp8 KV vs CPU fp8 KV:"
+                        : "continuous model, kernels, chunked prefill 200, fp8 KV vs CPU fp8 KV:",
+            gpu(0, kern, f32), c8, 2e-2 + 2 * dq, true);
+  }
+}
+
 TEST_F(GpuEngine, RefusesWhenTooLarge) {
   DSV4_REQUIRE_GPU();
   gpu::GpuOptions o;

@@ -7,7 +7,8 @@
 
 namespace dsv4::gpu {
 
-DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int64_t max_len, bool poison)
+DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int64_t max_len, bool poison,
+                         int ring_extra)
     : max_seqs(max_seqs_), max_model_len(max_len) {
   format = dtype == KvDtype::kF32 ? cuda::KvRowFormat::kF32
            : dtype == KvDtype::kBF16 ? cuda::KvRowFormat::kBF16 : cuda::KvRowFormat::kFP8;
@@ -16,11 +17,11 @@ DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int
   row_bytes = KvCodec(dtype, c.head_dim, c.rope_head_dim, 64).row_bytes();
   const int id = c.index_head_dim > 0 ? c.index_head_dim : 64;
   index_row_bytes = KvCodec(dtype, id, 0, id).row_bytes();
-  const int64_t W = c.sliding_window;
+  ring = c.sliding_window + ring_extra;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     LayerPools p;
     p.ratio = c.compress_ratio(i);
-    p.rows_per_seq = W + (p.ratio ? max_len / p.ratio : 0);
+    p.rows_per_seq = ring + (p.ratio ? max_len / p.ratio : 0);
     p.kv = static_cast<uint8_t*>(alloc(row_bytes * p.rows_per_seq * max_seqs, poison));
     if (p.ratio)
       p.comp_state = static_cast<float*>(

@@ -1,7 +1,10 @@
 // Per-sequence attention state on the device, for a fixed number of sequence slots and positions.
 // Per layer one contiguous row pool in the KV dtype holding, for every slot, [window ring | compressed
 // entries] so the sparse attention kernel reads a whole query's keys from one pool:
-//   slot s, window position p -> row s * rows_per_seq + p % W;  entry j -> row s * rows_per_seq + W + j.
+//   slot s, window position p -> row s * rows_per_seq + p % R;  entry j -> row s * rows_per_seq + R + j.
+// The ring has R = W + C rows, C the most tokens of one sequence in one step (1 for decode, where R = W):
+// a step writes its C window rows before any of its queries reads, and with R >= W + C no write lands on
+// a row an earlier token of the same step still needs (position p - R < p0 - W + 1 for every token p0..).
 // Indexer keys (CSA layers): slot s, key j -> row s * keys_per_seq + j of the layer's key pool.
 // Compressor rows (fp32, layout of cuda::compressor's state slots): one slot per sequence slot.
 // Nothing needs clearing when a slot is reused: every reader is bounded by the sequence's positions.
@@ -19,7 +22,7 @@ namespace dsv4::gpu {
 
 struct LayerPools {
   int ratio = 0;
-  int64_t rows_per_seq = 0;  // W + max entries
+  int64_t rows_per_seq = 0;  // ring + max entries
   uint8_t* kv = nullptr;
   int64_t keys_per_seq = 0;  // CSA only
   uint8_t* index_keys = nullptr;
@@ -34,7 +37,9 @@ struct SlotPool {
 
 class DeviceState {
  public:
-  DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs, int64_t max_model_len, bool poison);
+  // ring_extra: C - 1 above (0 for decode only).
+  DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs, int64_t max_model_len, bool poison,
+              int ring_extra = 0);
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
   ~DeviceState();
@@ -45,6 +50,7 @@ class DeviceState {
   size_t index_row_bytes = 0;
   int max_seqs = 0;
   int64_t max_model_len = 0;
+  int64_t ring = 0;        // window ring rows R (see above)
   std::vector<LayerPools> layers;
   std::shared_ptr<SlotPool> slots;
   size_t bytes = 0;

@@ -18,11 +18,32 @@
 
 namespace dsv4::gpu {
 
-// Per-token metadata of one step, uploaded once per step. Ratio index ri: 0 window, 1 ratio 4, 2 ratio 128.
+// One sequence's tokens in a step: `count` tokens from `tokens`, at positions start, start + 1, ...
+struct StepSeq {
+  int slot = 0;
+  int64_t start = 0;
+  const int32_t* tokens = nullptr;
+  int count = 0;
+};
+
+// Metadata of one step, uploaded once per step. The step's tokens are its sequences' tokens back to back.
+// Per-token arrays are indexed by token t, per-sequence arrays by the sequence's index s in the step (a
+// decode step has one token per sequence, so t == s). Ratio index ri: 0 window, 1 ratio 4, 2 ratio 128.
 struct StepMeta {
-  enum I64 { kPos, kBase0, kBase1, kBase2, kRing0, kRing1, kRing2, kEntry0, kEntry1, kEntry2, kKeyBase, kKeyFirst, kN64 };
-  enum I32 { kTokens, kSeqFirst, kSeqCount, kStateSlot, kVis4, kVis128, kN32 };
+  enum I64 {
+    kPos, kBase0, kBase1, kBase2, kRing0, kRing1, kRing2, kKeyBase,  // per token
+    kSeqStart, kEntry0, kEntry1, kEntry2, kKeyFirst,                   // per sequence
+    kN64
+  };
+  enum I32 {
+    kTokens, kVis4, kVis128,          // per token
+    kSeqFirst, kSeqCount, kStateSlot,  // per sequence
+    kN32
+  };
   int cap = 0;
+  int n_seqs = 0, max_count = 0;  // sequences in the step, most tokens of one sequence
+  // Tokens whose logits the step computes (every token of a decode step; else the rows a caller needs).
+  std::vector<int> out_rows;
   int64_t* h64 = nullptr;  // pinned [kN64, cap]
   int32_t* h32 = nullptr;  // pinned [kN32, cap]
   int64_t* d64 = nullptr;
@@ -67,6 +88,8 @@ struct GpuModel::Impl {
   Scratch s{};
   cudalin::Workspace ws{};
   cudalin::MoeWorkspace moe_ws{};
+  cudalin::MoePrefillWorkspace moe_prefill_ws{};  // steps of more than 64 tokens (chunked prefill)
+  int cap_tokens = 0;                             // most tokens in one step: max_seqs + prefill chunk
   bool moe_kernel_ok = false;
   // Captured decode steps, keyed by (T, context bucket); see StepMeta::bucket and docs/GPU_ENGINE.md.
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> graphs;
@@ -86,9 +109,9 @@ struct GpuModel::Impl {
   void* halloc(size_t bytes);
   void alloc_scratch();
 
-  // Fills and uploads the metadata of one step (token t of the step: its token, position and slot).
-  void set_step(const std::vector<int32_t>& tokens, const std::vector<int64_t>& pos, const std::vector<int>& slots);
-  // Embedding, all layers, hc_head, norm, LM head: logits [T, vocab] in s.logits.
+  // Fills and uploads the metadata of one step; meta.out_rows must be set before.
+  void set_step(const std::vector<StepSeq>& seqs);
+  // Embedding, all layers, hc_head, norm, LM head: logits [out_rows, vocab] in s.logits.
   void run_step(int T);
   // run_step through the graph cache when GpuOptions::cuda_graphs (eager on a key's first use).
   void launch_step(int T);
@@ -99,6 +122,8 @@ struct GpuModel::Impl {
   void ffn(int li, int T);
   // y = x · Wᵀ: the weight-streaming GEMV (bf16 activations) where it applies, else the fp32 glue linear.
   void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
+  // cudalin::gemv over T rows of bf16 activations, in slices of the 64 rows the GEMV takes.
+  void gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);
   bool use_gemv(const DevLinear& wt) const;
 };
 

@@ -23,7 +23,14 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
     return;
   }
   cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
-  cudalin::gemv(wt.d, s.xb, ldx, T, y, ldy, ws, stream);
+  gemv_rows(wt.d, s.xb, ldx, T, y, ldy);
+}
+
+void GpuModel::Impl::gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
+                               int64_t ldy) {
+  for (int t0 = 0; t0 < T; t0 += 64)
+    cudalin::gemv(w, xb + static_cast<int64_t>(t0) * ldx, ldx, std::min(64, T - t0), y + static_cast<int64_t>(t0) * ldy,
+                  ldy, ws, stream);
 }
 
 void GpuModel::Impl::attention(int li, int T) {
@@ -70,11 +77,11 @@ void GpuModel::Impl::attention(int li, int T) {
     a.eps = eps;
     a.inv_freq = freq;
     a.n_freq = n_freq;
-    a.n_seqs = T;
+    a.n_seqs = meta.n_seqs;  // each sequence's tokens of the step, in position order
     a.seq_first = meta.dev(StepMeta::kSeqFirst);
     a.seq_count = meta.dev(StepMeta::kSeqCount);
-    a.seq_start = pos;
-    a.max_count = 1;
+    a.seq_start = meta.dev(StepMeta::kSeqStart);
+    a.max_count = meta.max_count;
     a.state = state;
     a.state_slot = meta.dev(StepMeta::kStateSlot);
     a.out = out;
@@ -130,7 +137,7 @@ void GpuModel::Impl::attention(int li, int T) {
   // Slot lists over the layer's pool, sparse attention with sinks, inverse RoPE.
   const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
   const int n_slots = W + extra;
-  glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W,
+  glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W, static_cast<int>(st->ring),
                     kind == AttnKind::kCSA ? 1 : kind == AttnKind::kHCA ? 2 : 0, r, s.sel, topk, n_slots, s.slots,
                     stream);
   cuda::SparseAttentionArgs sa;
@@ -159,7 +166,7 @@ void GpuModel::Impl::attention(int li, int T) {
   if (grouped_gemv) cudalin::cast_f32_to_bf16(s.o, s.xb, T * H * hd, stream);
   for (int64_t g = 0; g < G; ++g) {
     if (grouped_gemv)
-      cudalin::gemv(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr, ws, stream);
+      gemv_rows(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr);
     else
       glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
   }
@@ -192,7 +199,10 @@ void GpuModel::Impl::ffn(int li, int T) {
   if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
     cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
     cudalin::cast_f32_to_bf16(s.x, s.xb, T * D, stream);
-    cudalin::moe_decode(shape, L.experts, s.xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream);
+    if (T <= 64)
+      cudalin::moe_decode(shape, L.experts, s.xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream);
+    else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")
+      cudalin::moe_prefill(shape, L.experts, s.xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
   } else {
     glue::moe_exact(L.experts_exact, D, I, K, limit, s.x, s.idx, s.wts, T, s.hexact, s.y, accumulate, stream);
   }
@@ -260,7 +270,16 @@ void GpuModel::Impl::run_step(int T) {
   cuda::hc_head(a, stream);
   glue::rmsnorm_rows(s.y, D, w.norm, T, D, static_cast<float>(c->rms_norm_eps), s.y, D, stream);
   mark("hc_head+norm");
-  glue::linear(w.head.g, 0, c->vocab_size, s.y, T, D, s.logits, c->vocab_size, stream);
+  // The LM head only for the rows whose logits are needed (a prefill step needs few of its tokens').
+  const int n_out = static_cast<int>(meta.out_rows.size());
+  const float* head_in = s.y;
+  if (n_out < T) {
+    for (int r = 0; r < n_out; ++r)
+      cuda::check(cudaMemcpyAsync(s.x + static_cast<int64_t>(r) * D, s.y + static_cast<int64_t>(meta.out_rows[r]) * D,
+                                  sizeof(float) * D, cudaMemcpyDeviceToDevice, stream), "gather head rows");
+    head_in = s.x;
+  }
+  glue::linear(w.head.g, 0, c->vocab_size, head_in, n_out, D, s.logits, c->vocab_size, stream);
   mark("head");
 }
 

@@ -26,6 +26,7 @@ GpuModel::Impl::~Impl() {
   for (auto& e : prof) cudaEventDestroy(e.second);
   cudalin::workspace_destroy(ws);
   if (moe_ws.meta) cudalin::moe_workspace_destroy(moe_ws);
+  if (moe_prefill_ws.max_tokens) cudalin::moe_prefill_workspace_destroy(moe_prefill_ws);
   for (void* p : dev_allocs) cudaFree(p);
   for (void* p : host_allocs) cudaFreeHost(p);
   if (stream) cudaStreamDestroy(stream);
@@ -47,7 +48,7 @@ void* GpuModel::Impl::halloc(size_t bytes) {
 }
 
 void GpuModel::Impl::alloc_scratch() {
-  const int64_t T = opt.max_seqs, D = c->hidden_size, n = c->hc_mult, H = c->num_attention_heads, hd = c->head_dim;
+  const int64_t T = cap_tokens, D = c->hidden_size, n = c->hc_mult, H = c->num_attention_heads, hd = c->head_dim;
   const int64_t qlr = c->q_lora_rank, IH = std::max(1, c->index_n_heads), Id = std::max(1, c->index_head_dim);
   const int64_t E = c->n_routed_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
   const int64_t G = c->o_groups, olr = c->o_lora_rank, V = c->vocab_size;
@@ -104,37 +105,46 @@ void GpuModel::Impl::alloc_scratch() {
 
   ws = cudalin::workspace_create();
   moe_kernel_ok = D % 128 == 0 && I % 128 == 0 && D <= 4096 && I <= 4096 && E <= 1024;
-  if (moe_kernel_ok) moe_ws = cudalin::moe_workspace_create(
-      cudalin::MoeShape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),
-                        static_cast<float>(c->swiglu_limit)},
-      static_cast<int>(T));
+  const cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),
+                                static_cast<float>(c->swiglu_limit)};
+  if (moe_kernel_ok) moe_ws = cudalin::moe_workspace_create(shape, static_cast<int>(std::min<int64_t>(T, 64)));
+  if (moe_kernel_ok && T > 64) moe_prefill_ws = cudalin::moe_prefill_workspace_create(shape, static_cast<int>(T));
 }
 
-void GpuModel::Impl::set_step(const std::vector<int32_t>& tokens, const std::vector<int64_t>& pos,
-                              const std::vector<int>& slots) {
-  const int T = static_cast<int>(tokens.size());
-  const int64_t W = c->sliding_window, L = opt.max_model_len;
+void GpuModel::Impl::set_step(const std::vector<StepSeq>& seqs) {
+  const int64_t R = st->ring, L = opt.max_model_len;
   const int ratios[3] = {0, 4, 128};
   int64_t max_pos = 0;
-  for (int t = 0; t < T; ++t) {
-    const int64_t p = pos[t], slot = slots[t];
-    meta.host(StepMeta::kPos, t) = p;
-    for (int ri = 0; ri < 3; ++ri) {
-      const int r = ratios[ri];
-      const int64_t base = slot * (W + (r ? L / r : 0));
-      meta.host(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri), t) = base;
-      meta.host(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri), t) = base + p % W;
-      meta.host(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri), t) = base + W + (r ? p / r : 0);
+  int t = 0;
+  meta.n_seqs = static_cast<int>(seqs.size());
+  meta.max_count = 0;
+  for (int si = 0; si < meta.n_seqs; ++si) {
+    const StepSeq& q = seqs[si];
+    const int64_t slot = q.slot;
+    int64_t base[3];
+    for (int ri = 0; ri < 3; ++ri) base[ri] = slot * (R + (ratios[ri] ? L / ratios[ri] : 0));
+    meta.host(StepMeta::kSeqStart, si) = q.start;
+    for (int ri = 0; ri < 3; ++ri)
+      meta.host(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri), si) =
+          base[ri] + R + (ratios[ri] ? q.start / ratios[ri] : 0);
+    meta.host(StepMeta::kKeyFirst, si) = slot * (L / 4) + q.start / 4;
+    meta.host(StepMeta::kSeqFirst, si) = t;
+    meta.host(StepMeta::kSeqCount, si) = q.count;
+    meta.host(StepMeta::kStateSlot, si) = static_cast<int32_t>(slot);
+    meta.max_count = std::max(meta.max_count, q.count);
+    for (int j = 0; j < q.count; ++j, ++t) {
+      const int64_t p = q.start + j;
+      meta.host(StepMeta::kPos, t) = p;
+      for (int ri = 0; ri < 3; ++ri) {
+        meta.host(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri), t) = base[ri];
+        meta.host(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri), t) = base[ri] + p % R;
+      }
+      meta.host(StepMeta::kKeyBase, t) = slot * (L / 4);
+      meta.host(StepMeta::kTokens, t) = q.tokens[j];
+      meta.host(StepMeta::kVis4, t) = static_cast<int32_t>((p + 1) / 4);
+      meta.host(StepMeta::kVis128, t) = static_cast<int32_t>((p + 1) / 128);
+      max_pos = std::max(max_pos, p);
     }
-    meta.host(StepMeta::kKeyBase, t) = slot * (L / 4);
-    meta.host(StepMeta::kKeyFirst, t) = slot * (L / 4) + p / 4;
-    meta.host(StepMeta::kTokens, t) = tokens[t];
-    meta.host(StepMeta::kSeqFirst, t) = t;
-    meta.host(StepMeta::kSeqCount, t) = 1;
-    meta.host(StepMeta::kStateSlot, t) = static_cast<int32_t>(slot);
-    meta.host(StepMeta::kVis4, t) = static_cast<int32_t>((p + 1) / 4);
-    meta.host(StepMeta::kVis128, t) = static_cast<int32_t>((p + 1) / 128);
-    max_pos = std::max(max_pos, p);
   }
   int64_t bucket = 128;
   while (bucket < max_pos + 1) bucket *= 2;
@@ -146,7 +156,10 @@ void GpuModel::Impl::set_step(const std::vector<int32_t>& tokens, const std::vec
 }
 
 void GpuModel::Impl::launch_step(int T) {
-  if (!opt.cuda_graphs || opt.profile_layers) return run_step(T);
+  // Graphs only for decode steps (one token per sequence, logits for every token): a prefill step's launch
+  // sequence depends on how its tokens split into sequences.
+  const bool decode_step = meta.n_seqs == T && static_cast<int>(meta.out_rows.size()) == T;
+  if (!opt.cuda_graphs || opt.profile_layers || !decode_step) return run_step(T);
   const std::pair<int, int64_t> key{T, meta.bucket};
   auto it = graphs.find(key);
   if (it == graphs.end()) {
@@ -175,6 +188,8 @@ void GpuModel::Impl::launch_step(int T) {
 std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOptions& opt) {
   if (opt.max_seqs < 1 || opt.max_seqs > 64) fail("GPU engine: max_seqs must be in 1..64 (got ", opt.max_seqs, ")");
   if (opt.max_model_len < 1) fail("GPU engine: max_model_len must be >= 1");
+  if (opt.prefill_chunk < 0 || opt.prefill_chunk > 8192)
+    fail("GPU engine: prefill_chunk must be in 0..8192 (got ", opt.prefill_chunk, ")");
   std::unique_ptr<GpuModel> m(new GpuModel());
   m->opt_ = opt;
   EngineOptions eo;
@@ -209,7 +224,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   im.opt = opt;
   cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   im.w.upload(m->host_->weights(), c, opt.progress);
-  im.st = std::make_unique<DeviceState>(c, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison);
+  const int chunk = std::max(1, opt.prefill_chunk);
+  im.cap_tokens = opt.max_seqs + (chunk > 1 ? chunk : 0);
+  im.st = std::make_unique<DeviceState>(c, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison, chunk - 1);
   const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
   im.n_freq = static_cast<int>(fw.size());
   auto up = [&](const std::vector<float>& v) {
@@ -272,7 +289,6 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
   if (static_cast<int>(batch.size()) > opt_.max_seqs)
     fail("GPU forward: ", batch.size(), " sequences in one batch; at most max_seqs = ", opt_.max_seqs);
   std::set<const GpuSequence*> seen;
-  int64_t steps = 0;
   for (const GpuSeqChunk& ch : batch) {
     if (!ch.seq || ch.seq->slot_ < 0) fail("GPU forward: chunk without a sequence");
     if (ch.tokens.empty()) fail("GPU forward: empty chunk");
@@ -284,77 +300,90 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
       if (ch.tokens[i] < 0 || ch.tokens[i] >= V)
         fail("token id ", ch.tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
     validate(ch.sampling);
-    steps = std::max<int64_t>(steps, static_cast<int64_t>(ch.tokens.size()));
   }
   std::vector<ChunkOutput> out(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
     out[b].rows = !batch[b].return_logits ? 0 : batch[b].all_logits ? static_cast<int64_t>(batch[b].tokens.size()) : 1;
     out[b].logits.resize(out[b].rows * V);
+    batch[b].error.clear();
   }
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> pos;
-  std::vector<int> slots;
-  std::vector<size_t> which;
-  for (int64_t i = 0; i < steps; ++i) {
-    tokens.clear(), pos.clear(), slots.clear(), which.clear();
+  // Steps: each takes up to `chunk` next tokens of every chunk that has some (chunk 1: decode steps, one
+  // token per sequence), at most cap_tokens in all. Sequences are independent, so any such split computes
+  // the same function; within a sequence the tokens stay in order.
+  const int chunk = std::max(1, opt_.prefill_chunk);
+  std::vector<int64_t> done(batch.size(), 0);
+  std::vector<StepSeq> seqs;
+  struct OutRow {
+    size_t b;      // chunk
+    int64_t i;     // token index in the chunk
+    bool last;     // the chunk's last token: next_token is drawn from it
+  };
+  std::vector<OutRow> rows;
+  while (true) {
+    seqs.clear();
+    rows.clear();
+    im.meta.out_rows.clear();
+    int T = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       const GpuSeqChunk& ch = batch[b];
-      if (i >= static_cast<int64_t>(ch.tokens.size())) continue;
-      tokens.push_back(ch.tokens[i]);
-      pos.push_back(ch.seq->length + i);
-      slots.push_back(ch.seq->slot_);
-      which.push_back(b);
+      const int64_t n = static_cast<int64_t>(ch.tokens.size());
+      const int take = static_cast<int>(std::min<int64_t>({n - done[b], chunk, im.cap_tokens - T}));
+      if (take <= 0) continue;
+      seqs.push_back(StepSeq{ch.seq->slot_, ch.seq->length + done[b], ch.tokens.data() + done[b], take});
+      for (int j = 0; j < take; ++j) {
+        const int64_t i = done[b] + j;
+        const bool last = i == n - 1;
+        if (ch.all_logits || last) {
+          im.meta.out_rows.push_back(T + j);
+          rows.push_back(OutRow{b, i, last});
+        }
+      }
+      T += take;
     }
-    const int T = static_cast<int>(tokens.size());
-    for (size_t b : which) batch[b].error.clear();
-    im.set_step(tokens, pos, slots);
+    if (seqs.empty()) break;
+    im.set_step(seqs);
     im.launch_step(T);
-    // Rows the host needs: every row of an all_logits chunk that returns logits, else the last token's.
-    bool any_logits = false;
-    for (int t = 0; t < T; ++t) {
-      const GpuSeqChunk& ch = batch[which[t]];
-      any_logits |= ch.return_logits && (ch.all_logits || i == static_cast<int64_t>(ch.tokens.size()) - 1);
-    }
-    // Draw the next token of every row (the step's last token of a chunk is the one that counts).
-    for (int t = 0; t < T; ++t) {
-      const GpuSeqChunk& ch = batch[which[t]];
-      glue::SampleRowParams& sp = im.s.sample_params_host[t];
+    const int n_out = static_cast<int>(rows.size());
+    // Draw the next token from every logits row (only a chunk's last row counts).
+    bool any_logits = false, all_greedy = true;
+    for (int r = 0; r < n_out; ++r) {
+      const GpuSeqChunk& ch = batch[rows[r].b];
+      any_logits |= ch.return_logits;
+      glue::SampleRowParams& sp = im.s.sample_params_host[r];
       sp.temperature = ch.sampling.temperature;
       sp.top_k = ch.sampling.top_k;
       sp.top_p = ch.sampling.top_p;
       sp.min_p = ch.sampling.min_p;
       sp.seed = ch.sampling.seed;
       sp.step = ch.seq->draws;
+      all_greedy &= sp.temperature == 0.0f || sp.top_k == 1;
     }
-    cuda::check(cudaMemcpyAsync(im.s.sample_params, im.s.sample_params_host, sizeof(glue::SampleRowParams) * T,
-                                cudaMemcpyHostToDevice, im.stream), "upload sampling parameters");
-    bool all_greedy = true;
-    for (int t = 0; t < T; ++t)
-      all_greedy &= im.s.sample_params_host[t].temperature == 0.0f || im.s.sample_params_host[t].top_k == 1;
-    glue::sample_rows(im.s.logits, T, V, im.s.sample_params, im.s.next, im.s.next + T, im.s.sample_ws, im.stream,
-                      all_greedy);
-    cuda::check(cudaMemcpyAsync(im.s.next_host, im.s.next, sizeof(int32_t) * 2 * T, cudaMemcpyDeviceToHost,
-                                im.stream), "download next tokens");
-    if (any_logits)
-      cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * T * V, cudaMemcpyDeviceToHost,
-                                  im.stream), "download logits");
+    if (n_out > 0) {
+      cuda::check(cudaMemcpyAsync(im.s.sample_params, im.s.sample_params_host, sizeof(glue::SampleRowParams) * n_out,
+                                  cudaMemcpyHostToDevice, im.stream), "upload sampling parameters");
+      glue::sample_rows(im.s.logits, n_out, V, im.s.sample_params, im.s.next, im.s.next + n_out, im.s.sample_ws,
+                        im.stream, all_greedy);
+      cuda::check(cudaMemcpyAsync(im.s.next_host, im.s.next, sizeof(int32_t) * 2 * n_out, cudaMemcpyDeviceToHost,
+                                  im.stream), "download next tokens");
+      if (any_logits)
+        cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * n_out * V, cudaMemcpyDeviceToHost,
+                                    im.stream), "download logits");
+    }
     cuda::check(cudaStreamSynchronize(im.stream), "GPU forward step");
-    for (int t = 0; t < T; ++t) {
-      const size_t b = which[t];
-      const int64_t count = static_cast<int64_t>(batch[b].tokens.size());
-      if (i == count - 1) {
-        GpuSeqChunk& ch = batch[b];
-        const int32_t status = im.s.next_host[T + t];
-        ch.next_token = im.s.next_host[t];
+    for (int r = 0; r < n_out; ++r) {
+      GpuSeqChunk& ch = batch[rows[r].b];
+      if (rows[r].last) {
+        const int32_t status = im.s.next_host[n_out + r];
+        ch.next_token = im.s.next_host[r];
         if (status == glue::kSampleNonFinite) {
           ch.next_token = -1;
-          ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + i) +
+          ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + rows[r].i) +
                      ": refusing to sample (see failure mode F1)";
         } else if (status == glue::kSampleHostFallback) {
           // The kept set reaches past the GPU's candidates: draw on the host from this row, same rule; the
           // stream position (seed, draws) seeds it so the draw stays reproducible.
           std::vector<float> row(static_cast<size_t>(V));
-          cuda::check(cudaMemcpy(row.data(), im.s.logits + static_cast<int64_t>(t) * V, sizeof(float) * V,
+          cuda::check(cudaMemcpy(row.data(), im.s.logits + static_cast<int64_t>(r) * V, sizeof(float) * V,
                                  cudaMemcpyDeviceToHost), "download a logits row for the host sampler");
           SamplingParams hp = ch.sampling;
           hp.seed = glue::sample_mix64(ch.sampling.seed ^ glue::sample_mix64(ch.seq->draws));
@@ -364,10 +393,14 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
         }
         ++ch.seq->draws;
       }
-      if (!batch[b].return_logits || (!batch[b].all_logits && i != count - 1)) continue;
-      const int64_t row = batch[b].all_logits ? i : 0;
-      std::memcpy(out[b].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(t) * V, sizeof(float) * V);
+      if (!ch.return_logits) continue;
+      const int64_t row = ch.all_logits ? rows[r].i : 0;
+      std::memcpy(out[rows[r].b].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(r) * V,
+                  sizeof(float) * V);
     }
+    for (const StepSeq& q : seqs)
+      for (size_t b = 0; b < batch.size(); ++b)
+        if (batch[b].seq->slot_ == q.slot) done[b] += q.count;
   }
   for (GpuSeqChunk& ch : batch) ch.seq->length += static_cast<int64_t>(ch.tokens.size());
   return out;

@@ -2,9 +2,10 @@
 // device weights and device sequence state, with the kernels of src/backend/cuda/ and the glue kernels of
 // src/backend/cuda/glue/. See docs/GPU_ENGINE.md.
 //
-// A batch is processed as decode steps: step i runs the i-th new token of every chunk that has one (one
-// token per sequence per step, at most max_seqs tokens), so a prompt is prefilled token by token. The result
-// does not depend on how a sequence's tokens were split into chunks or batched with others.
+// A batch is processed as steps: each takes up to `prefill_chunk` (default 1) next tokens of every chunk
+// that has some, so by default a prompt is prefilled token by token and decode steps carry one token per
+// sequence. The result does not depend on how a sequence's tokens were split into chunks or steps, or
+// batched with others (up to fp32 summation order in the chunked path).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -32,6 +33,11 @@ struct GpuOptions {
   // Replay each decode step from a CUDA graph captured per (tokens in the step, context bucket): one
   // launch instead of ~50 per layer. Off: every kernel is launched eagerly (same results, bit for bit).
   bool cuda_graphs = true;
+  // Chunked prefill: up to this many tokens of one sequence per step (0 or 1: one, i.e. token by token).
+  // Steps of several tokens per sequence run eagerly: linears as 64-row slices of the GEMV, routed
+  // experts through the grouped MoE prefill GEMM above 64 tokens, the window ring widened by chunk - 1
+  // rows (engine/gpu/device_state.h), the LM head only on the rows whose logits are needed.
+  int prefill_chunk = 0;
   // Benchmarks: record a CUDA event after every operation of a step (implies eager launches);
   // step_profile_ms() reads them.
   bool profile_layers = false;

@@ -43,7 +43,7 @@ __global__ void indexer_kernel(const float* q, const float* w, int H, int d, con
   if (lane == 0) *out = s;
 }
 
-__global__ void slots_kernel(const int64_t* pos, const int64_t* base, int window, int kind, int ratio,
+__global__ void slots_kernel(const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                              const int32_t* sel, int topk, int n_slots, int32_t* slots) {
   const int t = blockIdx.x;
   const int64_t p = pos[t], b = base[t];
@@ -54,12 +54,12 @@ __global__ void slots_kernel(const int64_t* pos, const int64_t* base, int window
   for (int j = threadIdx.x; j < n_slots; j += blockDim.x) {
     int64_t row = -1;
     if (j < window) {
-      if (j < n_win) row = b + (first + j) % window;
+      if (j < n_win) row = b + (first + j) % ring;
     } else {
       const int e = j - window;
-      if (kind == 2 && e < visible) row = b + window + e;
+      if (kind == 2 && e < visible) row = b + ring + e;
       if (kind == 1 && e < topk && sel[static_cast<int64_t>(t) * topk + e] >= 0)
-        row = b + window + sel[static_cast<int64_t>(t) * topk + e];
+        row = b + ring + sel[static_cast<int64_t>(t) * topk + e];
     }
     out[j] = static_cast<int32_t>(row);
   }
@@ -85,10 +85,10 @@ void indexer_scores(const float* q, const float* w, int T, int H, int d, const u
   check_launch("glue::indexer_scores");
 }
 
-void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int kind, int ratio,
+void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                  const int32_t* sel, int topk, int n_slots, int32_t* slots, cudaStream_t stream) {
   if (T <= 0) return;
-  slots_kernel<<<T, 256, 0, stream>>>(pos, base, window, kind, ratio, sel, topk, n_slots, slots);
+  slots_kernel<<<T, 256, 0, stream>>>(pos, base, window, ring, kind, ratio, sel, topk, n_slots, slots);
   check_launch("glue::build_slots");
 }
 

@@ -64,10 +64,11 @@ void indexer_scores(const float* q, const float* w, int T, int H, int d, const u
                     cudaStream_t stream);
 
 // Slot lists for cuda::sparse_attention, in the CPU's key order (attention.cc): slots [T, n_slots] int32.
-//   j < window: the window rows max(0, p-W+1) .. p -> base[t] + wp % W, then -1;
-//   j >= window: kind 2 (HCA) entries e = j - W < (p+1)/ratio -> base[t] + W + e;
-//                kind 1 (CSA) sel[t, e] >= 0 -> base[t] + W + sel[t, e]; otherwise -1.
-void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int kind, int ratio,
+//   j < window: the window rows max(0, p-W+1) .. p -> base[t] + wp % ring, then -1;
+//   j >= window: kind 2 (HCA) entries e = j - W < (p+1)/ratio -> base[t] + ring + e;
+//                kind 1 (CSA) sel[t, e] >= 0 -> base[t] + ring + sel[t, e]; otherwise -1.
+// ring >= window: the rows of the window ring (engine/gpu/device_state.h).
+void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                  const int32_t* sel, int topk, int n_slots, int32_t* slots, cudaStream_t stream);
 
 // n_visible[t] = (pos[t] + 1) / ratio.
