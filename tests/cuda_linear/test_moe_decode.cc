@@ -9,6 +9,7 @@
 
 #include "backend/cpu/moe.h"
 #include "linear_test_util.h"
+#include "moe_test_util.h"
 #include "model/config.h"
 
 namespace dsv4 {
@@ -16,87 +17,6 @@ namespace {
 
 using namespace lintest;
 
-struct Experts {
-  std::vector<HostWeight> w1, w2, w3;
-  std::vector<ExpertWeights> views;
-  std::vector<std::unique_ptr<DevBuf<uint8_t>>> bufs;
-  std::unique_ptr<DevBuf<cudalin::DevExpert>> dev;
-};
-
-const uint8_t* up(Experts& X, const std::vector<uint8_t>& v) {
-  X.bufs.push_back(std::make_unique<DevBuf<uint8_t>>(v));
-  return X.bufs.back()->p;
-}
-
-Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s) {
-  Experts X;
-  // Scales 2^-8 .. 2^-7: |W| <= 0.05, so g, u ~ O(1) for unit activations and the clamp at 10 is reached
-  // only sometimes (it is exercised by the large-activation case below).
-  for (int e = 0; e < s.n_experts; ++e) {
-    X.w1.push_back(random_fp4(rng, s.inter, s.hidden, 119, 120));
-    X.w3.push_back(random_fp4(rng, s.inter, s.hidden, 119, 120));
-    X.w2.push_back(random_fp4(rng, s.hidden, s.inter, 119, 120));
-  }
-  std::vector<cudalin::DevExpert> d(s.n_experts);
-  for (int e = 0; e < s.n_experts; ++e) {
-    bind(X.w1[e]), bind(X.w2[e]), bind(X.w3[e]);
-    X.views.push_back({X.w1[e].view, X.w2[e].view, X.w3[e].view});
-    d[e] = {up(X, X.w1[e].w), up(X, X.w1[e].s), up(X, X.w3[e].w), up(X, X.w3[e].s), up(X, X.w2[e].w), up(X, X.w2[e].s)};
-  }
-  X.dev = std::make_unique<DevBuf<cudalin::DevExpert>>(d);
-  return X;
-}
-
-// float64 model of the GPU numerics (h rounded to bf16 before w2).
-std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& X, const std::vector<float>& x, int T,
-                              const std::vector<int32_t>& idx, const std::vector<float>& wts) {
-  std::vector<double> out(size_t(T) * s.hidden, 0.0);
-  std::vector<std::vector<float>> W1(s.n_experts), W2(s.n_experts), W3(s.n_experts);
-  for (int e = 0; e < s.n_experts; ++e)
-    W1[e] = dequant(X.w1[e].view), W2[e] = dequant(X.w2[e].view), W3[e] = dequant(X.w3[e].view);
-  for (int t = 0; t < T; ++t)
-    for (int k = 0; k < s.top_k; ++k) {
-      const int e = idx[t * s.top_k + k];
-      std::vector<float> h(s.inter);
-#pragma omp parallel for
-      for (int i = 0; i < s.inter; ++i) {
-        double g = 0, u = 0;
-        for (int d = 0; d < s.hidden; ++d) {
-          g += double(x[size_t(t) * s.hidden + d]) * W1[e][size_t(i) * s.hidden + d];
-          u += double(x[size_t(t) * s.hidden + d]) * W3[e][size_t(i) * s.hidden + d];
-        }
-        const double L = s.swiglu_limit;
-        if (L > 0) g = std::min(g, L), u = std::clamp(u, -L, L);
-        h[i] = round_bf16(float(g / (1.0 + std::exp(-g)) * u * wts[t * s.top_k + k]));
-      }
-#pragma omp parallel for
-      for (int d = 0; d < s.hidden; ++d) {
-        double y = 0;
-        for (int i = 0; i < s.inter; ++i) y += double(h[i]) * W2[e][size_t(d) * s.inter + i];
-        out[size_t(t) * s.hidden + d] += y;
-      }
-    }
-  return out;
-}
-
-enum class Route { kRandom, kLoads01All, kDuplicate };
-
-std::vector<int32_t> make_routes(std::mt19937_64& rng, Route r, int T, const cudalin::MoeShape& s) {
-  std::vector<int32_t> idx(size_t(T) * s.top_k);
-  for (int t = 0; t < T; ++t) {
-    std::vector<int32_t> perm(s.n_experts);
-    std::iota(perm.begin(), perm.end(), 0);
-    if (r == Route::kLoads01All) perm.erase(perm.begin(), perm.begin() + 3);  // 0: all, 1: one, 2: none
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int k = 0; k < s.top_k; ++k) idx[t * s.top_k + k] = perm[k];
-    if (r == Route::kLoads01All) {
-      idx[t * s.top_k + 0] = 0;            // expert 0: every token
-      if (t == T / 2) idx[t * s.top_k + 1] = 1;  // expert 1: exactly one token; expert 2: none
-    }
-    if (r == Route::kDuplicate) idx[t * s.top_k + 0] = idx[t * s.top_k + 1] = 5;  // listed twice per token
-  }
-  return idx;
-}
 
 void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, bool accumulate, uint64_t salt) {
   SCOPED_TRACE(::testing::Message() << "hidden " << s.hidden << " inter " << s.inter << " E " << s.n_experts << " T "

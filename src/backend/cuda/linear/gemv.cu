@@ -32,6 +32,25 @@ struct GemvArgs {
   int gy;
 };
 
+// Split-K epilogue of both GEMV kernels: the last of a row tile's gy blocks (found through the tile's arrival
+// counter) adds the gy partial sums in block order, so the result does not depend on which block finishes
+// last, and re-arms the counter for the next launch. `last` is the caller's __shared__ flag.
+__device__ __forceinline__ void finish_split_k(const GemvArgs& a, int64_t row0, int& last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1) == a.gy - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < 16 * a.T; i += blockDim.x) {
+    const int r = i & 15, tok = i >> 4;
+    float v = 0.f;
+    for (int by = 0; by < a.gy; ++by) v += __ldcg(&a.partial[(int64_t(by) * a.T + tok) * a.N + row0 + r]);
+    a.y[tok * a.ldy + row0 + r] = v;
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
 template <bool FP4, int NT, int CPW>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvArgs a) {
   __shared__ float red[8][128];
@@ -73,19 +92,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvArgs a) {
     __syncthreads();
   }
   if (a.gy == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1) == a.gy - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < 16 * a.T; i += blockDim.x) {
-    const int r = i & 15, tok = i >> 4;
-    float v = 0.f;
-    for (int by = 0; by < a.gy; ++by) v += __ldcg(&a.partial[(int64_t(by) * a.T + tok) * a.N + row0 + r]);
-    a.y[tok * a.ldy + row0 + r] = v;
-  }
-  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next launch
+  finish_split_k(a, row0, last);
 }
 
 template <bool FP4, int NT>
@@ -164,19 +171,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
   if (a.gy == 1) return;
   // gy > 1: one tile per block (ksb = 8); the last block of the tile adds the gy partials in order.
   const int64_t row0 = int64_t(blockIdx.x) * 16;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1) == a.gy - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < 16 * a.T; i += blockDim.x) {
-    const int r = i & 15, tok = i >> 4;
-    float v = 0.f;
-    for (int by = 0; by < a.gy; ++by) v += __ldcg(&a.partial[(int64_t(by) * a.T + tok) * a.N + row0 + r]);
-    a.y[tok * a.ldy + row0 + r] = v;
-  }
-  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
+  finish_split_k(a, row0, last);
 }
 
 }  // namespace
