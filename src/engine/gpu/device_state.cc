@@ -8,7 +8,7 @@
 namespace dsv4::gpu {
 
 DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int64_t max_len, bool poison,
-                         int ring_extra)
+                         int64_t ring_size)
     : max_seqs(max_seqs_), max_model_len(max_len) {
   format = dtype == KvDtype::kF32 ? cuda::KvRowFormat::kF32
            : dtype == KvDtype::kBF16 ? cuda::KvRowFormat::kBF16 : cuda::KvRowFormat::kFP8;
@@ -17,7 +17,8 @@ DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int
   row_bytes = KvCodec(dtype, c.head_dim, c.rope_head_dim, 64).row_bytes();
   const int id = c.index_head_dim > 0 ? c.index_head_dim : 64;
   index_row_bytes = KvCodec(dtype, id, 0, id).row_bytes();
-  ring = c.sliding_window + ring_extra;
+  ring = ring_size > 0 ? ring_size : c.sliding_window;
+  if (ring < c.sliding_window) fail("GPU state: ring of ", ring, " rows is below the window ", c.sliding_window);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     LayerPools p;
     p.ratio = c.compress_ratio(i);

@@ -2,9 +2,8 @@
 // Per layer one contiguous row pool in the KV dtype holding, for every slot, [window ring | compressed
 // entries] so the sparse attention kernel reads a whole query's keys from one pool:
 //   slot s, window position p -> row s * rows_per_seq + p % R;  entry j -> row s * rows_per_seq + R + j.
-// The ring has R = W + C rows, C the most tokens of one sequence in one step (1 for decode, where R = W):
-// a step writes its C window rows before any of its queries reads, and with R >= W + C no write lands on
-// a row an earlier token of the same step still needs (position p - R < p0 - W + 1 for every token p0..).
+// The ring has R = W + C - 1 rows, C the most tokens of one sequence in one step (decode: C = 1, R = W), so
+// a step's window writes never land on a row one of its own queries still reads (engine/step_plan.h).
 // Indexer keys (CSA layers): slot s, key j -> row s * keys_per_seq + j of the layer's key pool.
 // Compressor rows (fp32, layout of cuda::compressor's state slots): one slot per sequence slot.
 // Nothing needs clearing when a slot is reused: every reader is bounded by the sequence's positions.
@@ -37,9 +36,9 @@ struct SlotPool {
 
 class DeviceState {
  public:
-  // ring_extra: C - 1 above (0 for decode only).
+  // ring: rows of the window ring (engine/step_plan.h ring_rows; 0 = the window).
   DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs, int64_t max_model_len, bool poison,
-              int ring_extra = 0);
+              int64_t ring = 0);
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
   ~DeviceState();

@@ -15,16 +15,9 @@
 #include "engine/gpu/device_state.h"
 #include "engine/gpu/device_weights.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/step_plan.h"
 
 namespace dsv4::gpu {
-
-// One sequence's tokens in a step: `count` tokens from `tokens`, at positions start, start + 1, ...
-struct StepSeq {
-  int slot = 0;
-  int64_t start = 0;
-  const int32_t* tokens = nullptr;
-  int count = 0;
-};
 
 // Metadata of one step, uploaded once per step. The step's tokens are its sequences' tokens back to back.
 // Per-token arrays are indexed by token t, per-sequence arrays by the sequence's index s in the step (a
@@ -42,7 +35,7 @@ struct StepMeta {
   };
   int cap = 0;
   int n_seqs = 0, max_count = 0;  // sequences in the step, most tokens of one sequence
-  // Tokens whose logits the step computes (every token of a decode step; else the rows a caller needs).
+  // Tokens whose logits the step computes, in order (every token of a decode step; else the rows needed).
   std::vector<int> out_rows;
   int64_t* h64 = nullptr;  // pinned [kN64, cap]
   int32_t* h32 = nullptr;  // pinned [kN32, cap]

@@ -226,7 +226,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   im.w.upload(m->host_->weights(), c, opt.progress);
   const int chunk = std::max(1, opt.prefill_chunk);
   im.cap_tokens = opt.max_seqs + (chunk > 1 ? chunk : 0);
-  im.st = std::make_unique<DeviceState>(c, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison, chunk - 1);
+  im.st = std::make_unique<DeviceState>(c, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison,
+                                        ring_rows(c.sliding_window, chunk));
   const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
   im.n_freq = static_cast<int>(fw.size());
   auto up = [&](const std::vector<float>& v) {
@@ -307,47 +308,26 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     out[b].logits.resize(out[b].rows * V);
     batch[b].error.clear();
   }
-  // Steps: each takes up to `chunk` next tokens of every chunk that has some (chunk 1: decode steps, one
-  // token per sequence), at most cap_tokens in all. Sequences are independent, so any such split computes
-  // the same function; within a sequence the tokens stay in order.
-  const int chunk = std::max(1, opt_.prefill_chunk);
-  std::vector<int64_t> done(batch.size(), 0);
-  std::vector<StepSeq> seqs;
-  struct OutRow {
-    size_t b;      // chunk
-    int64_t i;     // token index in the chunk
-    bool last;     // the chunk's last token: next_token is drawn from it
-  };
-  std::vector<OutRow> rows;
-  while (true) {
-    seqs.clear();
-    rows.clear();
+  // Steps (engine/step_plan.h): up to prefill_chunk tokens of every chunk per step (1: decode steps).
+  std::vector<StepChunk> chunks(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b)
+    chunks[b] = StepChunk{batch[b].seq->slot_, batch[b].seq->length, batch[b].tokens.data(),
+                          static_cast<int64_t>(batch[b].tokens.size()), batch[b].all_logits};
+  std::vector<int64_t> done;
+  Step step;
+  while (next_step(chunks, done, opt_.prefill_chunk, im.cap_tokens, step)) {
+    const std::vector<StepSeq>& seqs = step.seqs;
+    const std::vector<StepOut>& rows = step.outs;
+    const int T = step.tokens;
     im.meta.out_rows.clear();
-    int T = 0;
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const GpuSeqChunk& ch = batch[b];
-      const int64_t n = static_cast<int64_t>(ch.tokens.size());
-      const int take = static_cast<int>(std::min<int64_t>({n - done[b], chunk, im.cap_tokens - T}));
-      if (take <= 0) continue;
-      seqs.push_back(StepSeq{ch.seq->slot_, ch.seq->length + done[b], ch.tokens.data() + done[b], take});
-      for (int j = 0; j < take; ++j) {
-        const int64_t i = done[b] + j;
-        const bool last = i == n - 1;
-        if (ch.all_logits || last) {
-          im.meta.out_rows.push_back(T + j);
-          rows.push_back(OutRow{b, i, last});
-        }
-      }
-      T += take;
-    }
-    if (seqs.empty()) break;
+    for (const StepOut& o : rows) im.meta.out_rows.push_back(o.row);
     im.set_step(seqs);
     im.launch_step(T);
     const int n_out = static_cast<int>(rows.size());
     // Draw the next token from every logits row (only a chunk's last row counts).
     bool any_logits = false, all_greedy = true;
     for (int r = 0; r < n_out; ++r) {
-      const GpuSeqChunk& ch = batch[rows[r].b];
+      const GpuSeqChunk& ch = batch[rows[r].chunk];
       any_logits |= ch.return_logits;
       glue::SampleRowParams& sp = im.s.sample_params_host[r];
       sp.temperature = ch.sampling.temperature;
@@ -371,13 +351,13 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     }
     cuda::check(cudaStreamSynchronize(im.stream), "GPU forward step");
     for (int r = 0; r < n_out; ++r) {
-      GpuSeqChunk& ch = batch[rows[r].b];
+      GpuSeqChunk& ch = batch[rows[r].chunk];
       if (rows[r].last) {
         const int32_t status = im.s.next_host[n_out + r];
         ch.next_token = im.s.next_host[r];
         if (status == glue::kSampleNonFinite) {
           ch.next_token = -1;
-          ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + rows[r].i) +
+          ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + rows[r].index) +
                      ": refusing to sample (see failure mode F1)";
         } else if (status == glue::kSampleHostFallback) {
           // The kept set reaches past the GPU's candidates: draw on the host from this row, same rule; the
@@ -394,13 +374,10 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
         ++ch.seq->draws;
       }
       if (!ch.return_logits) continue;
-      const int64_t row = ch.all_logits ? rows[r].i : 0;
-      std::memcpy(out[rows[r].b].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(r) * V,
+      const int64_t row = ch.all_logits ? rows[r].index : 0;
+      std::memcpy(out[rows[r].chunk].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(r) * V,
                   sizeof(float) * V);
     }
-    for (const StepSeq& q : seqs)
-      for (size_t b = 0; b < batch.size(); ++b)
-        if (batch[b].seq->slot_ == q.slot) done[b] += q.count;
   }
   for (GpuSeqChunk& ch : batch) ch.seq->length += static_cast<int64_t>(ch.tokens.size());
   return out;
