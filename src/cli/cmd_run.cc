@@ -42,7 +42,8 @@ int cmd_run(int argc, char** argv) {
     std::printf(
         "dsv4 run [--model DIR] (--prompt TEXT | --prompt-ids 0,1,2) [--max-tokens 32]\n"
         "         [--temperature 0] [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0]\n"
-        "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt)]\n"
+        "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt;\n"
+        "          cuda: N tokens per prefill step, 0 = token by token)]\n"
         "         [--device cpu|cuda] [--max-model-len N (cuda: positions to reserve, default 4096)]\n"
         "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
     return 0;
@@ -63,6 +64,7 @@ int cmd_run(int argc, char** argv) {
   if (max_tokens < 0) fail("--max-tokens must be >= 0");
   const long long chunk = a.get_int("chunk", 0);
   if (chunk < 0) fail("--chunk must be >= 0");
+  ro.prefill_chunk = static_cast<int>(std::min<long long>(chunk, 1 << 30));  // cuda checks its own range
 
   const std::string dir = resolve_model_dir(a.get("model"));
   auto runner = make_runner(dir, ro);

@@ -39,6 +39,7 @@ class GpuRunner : public Runner {
     g.kv_dtype = o.kv_dtype;
     g.max_seqs = 1;
     g.max_model_len = o.max_model_len > 0 ? o.max_model_len : 4096;
+    g.prefill_chunk = o.prefill_chunk;
     g.progress = true;
     model_ = gpu::GpuModel::load(dir, g);
     seq_ = model_->new_sequence();

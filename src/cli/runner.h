@@ -22,6 +22,7 @@ struct RunnerOptions {
   std::string device = "cpu";  // cpu | cuda
   KvDtype kv_dtype = KvDtype::kBF16;
   int64_t max_model_len = 0;   // cuda: positions to reserve (0 = 4096)
+  int prefill_chunk = 0;       // cuda: tokens per prefill step (GpuOptions::prefill_chunk; 0 = token by token)
 };
 
 // Throws dsv4::Error naming the device when it is unknown or not built in.
