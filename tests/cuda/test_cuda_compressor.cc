@@ -5,6 +5,7 @@
 // built on the CPU and copied in the documented layout. Fresh random tokens every launch, outputs poisoned.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "backend/cpu/compressor.h"
@@ -68,6 +69,12 @@ class Harness {
       check_ok(cudaMemcpy(d_state_.get() + slot(s) * state_floats_, d, state_floats_ * 4, cudaMemcpyHostToDevice));
     }
   }
+  ~Harness() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  // Every later step() replays one CUDA graph captured at its first call (fixed n_seqs and grid bound).
+  void use_graph(int max_tokens, int max_count) { graph_max_tokens_ = max_tokens, graph_max_count_ = max_count; }
   int slot(int s) const { return n_ - 1 - s; }  // exercises state_slot indirection
   static void check_ok(cudaError_t e) { cuda::check(e, "test copy"); }
 
@@ -93,32 +100,61 @@ class Harness {
     for (float& v : gate) v = 2.0f * nd_(rng_);
     const size_t rb = codec_.row_bytes();
     const int64_t out_rb = static_cast<int64_t>(rb) + 8;  // stride above the row size
-    DeviceBuffer<float> dkv(kv.size()), dgate(gate.size());
-    DeviceBuffer<int32_t> dfirst(n_), dcnt(n_), dslot(n_);
-    DeviceBuffer<int64_t> dstart(n_), dof(n_);
-    DeviceBuffer<uint8_t> dout(rows * out_rb);
     std::vector<int32_t> slots(n_);
     for (int s = 0; s < n_; ++s) slots[s] = slot(s);
-    dkv.upload(kv); dgate.upload(gate); dfirst.upload(first); dcnt.upload(cnt); dstart.upload(start);
-    dof.upload(out_first); dslot.upload(slots);
-    dout.poison();
+    // Eager: buffers sized for this launch. Graph mode: one set of buffers sized for the largest launch,
+    // captured once, then every launch only changes their contents and replays the graph.
+    const bool graph = graph_max_tokens_ > 0;
+    if (graph) {
+      EXPECT_LE(T, graph_max_tokens_);
+      EXPECT_LE(max_count, graph_max_count_);
+    }
+    const size_t n_in = graph ? static_cast<size_t>(graph_max_tokens_) * stride : kv.size();
+    const int64_t n_rows = graph ? static_cast<int64_t>(n_) * (graph_max_count_ / sh_.ratio + 2) + 1 : rows;
+    EXPECT_LE(rows, n_rows);
+    if (!graph || !g_kv_) {
+      g_kv_ = std::make_unique<DeviceBuffer<float>>(n_in);
+      g_gate_ = std::make_unique<DeviceBuffer<float>>(n_in);
+      g_first_ = std::make_unique<DeviceBuffer<int32_t>>(n_);
+      g_cnt_ = std::make_unique<DeviceBuffer<int32_t>>(n_);
+      g_slot_ = std::make_unique<DeviceBuffer<int32_t>>(n_);
+      g_start_ = std::make_unique<DeviceBuffer<int64_t>>(n_);
+      g_of_ = std::make_unique<DeviceBuffer<int64_t>>(n_);
+      g_out_ = std::make_unique<DeviceBuffer<uint8_t>>(n_rows * out_rb);
+    }
+    g_kv_->upload(kv); g_gate_->upload(gate); g_first_->upload(first); g_cnt_->upload(cnt); g_start_->upload(start);
+    g_of_->upload(out_first); g_slot_->upload(slots);
+    g_out_->poison();
     cuda::CompressorArgs a;
-    a.ratio = sh_.ratio; a.head = sh_.head; a.kv = dkv.get(); a.gate = dgate.get(); a.row_stride = stride;
+    a.ratio = sh_.ratio; a.head = sh_.head; a.kv = g_kv_->get(); a.gate = g_gate_->get(); a.row_stride = stride;
     a.ape = d_ape_.get(); a.norm = d_norm_.get(); a.eps = 1e-6f; a.inv_freq = d_freq_.get(); a.n_freq = 32;
-    a.n_seqs = n_; a.seq_first = dfirst.get(); a.seq_count = dcnt.get(); a.seq_start = dstart.get();
-    a.max_count = max_count; a.state = d_state_.get(); a.state_slot = dslot.get();
-    a.out = dout.get(); a.out_row_bytes = out_rb; a.out_first = dof.get();
+    a.n_seqs = n_; a.seq_first = g_first_->get(); a.seq_count = g_cnt_->get(); a.seq_start = g_start_->get();
+    a.max_count = graph ? graph_max_count_ : max_count; a.state = d_state_.get(); a.state_slot = g_slot_->get();
+    a.out = g_out_->get(); a.out_row_bytes = out_rb; a.out_first = g_of_->get();
     a.format = to_format(sh_.dtype); a.fp8_rope_dims = sh_.head == 512 ? 64 : 0;
     a.fp8_scale_block = sh_.head == 512 ? 64 : 128;
     EXPECT_EQ(cuda::compressor_row_bytes(a.format, a.head, a.fp8_rope_dims, a.fp8_scale_block), rb);
-    cuda::compressor(a, nullptr);
+    if (!graph) {
+      cuda::compressor(a, nullptr);
+    } else {
+      if (!exec_) {
+        check_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        cudaGraph_t g = nullptr;
+        check_ok(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+        cuda::compressor(a, stream_);
+        check_ok(cudaStreamEndCapture(stream_, &g));
+        check_ok(cudaGraphInstantiate(&exec_, g, 0));
+        cudaGraphDestroy(g);
+      }
+      check_ok(cudaGraphLaunch(exec_, stream_));
+    }
     check_ok(cudaDeviceSynchronize());
-    const std::vector<uint8_t> got = dout.download();
+    const std::vector<uint8_t> got = g_out_->download();
 
     // CPU reference, and the comparison.
     std::vector<uint8_t> want_row(rb);
     std::vector<float> pooled(sh_.head), wv(sh_.head), gv(sh_.head);
-    std::vector<bool> written(rows, false);
+    std::vector<bool> written(n_rows, false);
     int checked = 0;
     for (int s = 0; s < n_; ++s) {
       int64_t e = 0;
@@ -140,9 +176,9 @@ class Harness {
       EXPECT_EQ(e, n_ent[s]);
       pos_[s] += counts[s];
     }
-    for (int64_t r = 0; r < rows; ++r)
+    for (int64_t r = 0; r < n_rows; ++r)
       for (int64_t b = 0; b < out_rb; ++b)
-        if ((!written[r] || b >= static_cast<int64_t>(rb)) && got[r * out_rb + b] != 0x7b) {
+        if ((r >= rows || !written[r] || b >= static_cast<int64_t>(rb)) && got[r * out_rb + b] != 0x7b) {
           ADD_FAILURE() << "byte " << b << " of row " << r << " must stay untouched";
           return checked;
         }
@@ -212,6 +248,14 @@ class Harness {
   size_t state_floats_;
   DeviceBuffer<float> d_state_, d_ape_, d_norm_, d_freq_;
   std::vector<float> ape_, norm_, freq_;
+  // The launch's buffers (kept across steps in graph mode).
+  std::unique_ptr<DeviceBuffer<float>> g_kv_, g_gate_;
+  std::unique_ptr<DeviceBuffer<int32_t>> g_first_, g_cnt_, g_slot_;
+  std::unique_ptr<DeviceBuffer<int64_t>> g_start_, g_of_;
+  std::unique_ptr<DeviceBuffer<uint8_t>> g_out_;
+  int graph_max_tokens_ = 0, graph_max_count_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 const Shape kShapes[] = {{4, 512, KvDtype::kF32},  {4, 512, KvDtype::kFP8},   {4, 512, KvDtype::kBF16},
@@ -269,6 +313,28 @@ TEST(CudaCompressor, Decode) {
       ASSERT_FALSE(HasFatalFailure());
     }
     EXPECT_GT(checked, sh.ratio == 4 ? 64 : 16);
+    finish(h);
+  }
+}
+
+// CUDA graph safety: one captured launch replayed 100 times, with new tokens, counts (0 .. max, cutting blocks
+// anywhere) and therefore new output rows each time, equals the CPU path like eager launches do.
+TEST(CudaCompressor, GraphReplayWithChangingCounts) {
+  DSV4_REQUIRE_GPU();
+  uint64_t seed = cuda_test::test_seed() + 200;
+  for (const Shape& sh : kShapes) {
+    SCOPED_TRACE(name(sh));
+    Harness h(sh, {0, 5, 1000003, 131}, ++seed);
+    const int max_count = sh.ratio == 128 ? 260 : 19;
+    h.use_graph(4 * max_count, max_count);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_int_distribution<int> c(0, max_count);
+    int checked = 0;
+    for (int it = 0; it < 100; ++it) {
+      checked += h.step({c(rng), c(rng), it % 3 ? 1 : c(rng), c(rng)});
+      ASSERT_FALSE(HasFatalFailure()) << "replay " << it;
+    }
+    EXPECT_GT(checked, 20);
     finish(h);
   }
 }
