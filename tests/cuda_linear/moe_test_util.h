@@ -77,6 +77,13 @@ inline std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& 
   return out;
 }
 
+// The small MoE shape both tests use besides V4-Flash width (every tile path, quick float64 model).
+inline cudalin::MoeShape small_shape() {
+  cudalin::MoeShape s;
+  s.hidden = 1024, s.inter = 512, s.n_experts = 16, s.top_k = 6, s.swiglu_limit = 10.f;
+  return s;
+}
+
 enum class Route { kRandom, kLoads01All, kDuplicate };
 
 inline std::vector<int32_t> make_routes(std::mt19937_64& rng, Route r, int T, const cudalin::MoeShape& s) {

@@ -83,12 +83,6 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
   EXPECT_LE(em.worst, 2e-3 * maxref);  // no element far off (a wrong row or token would be O(1))
 }
 
-cudalin::MoeShape small_shape() {
-  cudalin::MoeShape s;
-  s.hidden = 1024, s.inter = 512, s.n_experts = 16, s.top_k = 6, s.swiglu_limit = 10.f;
-  return s;
-}
-
 TEST(CudaMoeDecode, RandomRoutes) {
   DSV4_REQUIRE_GPU();
   for (int T : {1, 3, 8, 17, 64}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 10 + T);

@@ -201,12 +201,6 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
   }
 }
 
-cudalin::MoeShape small_shape() {
-  cudalin::MoeShape s;
-  s.hidden = 1024, s.inter = 512, s.n_experts = 16, s.top_k = 6, s.swiglu_limit = 10.f;
-  return s;
-}
-
 TEST(CudaMoePrefill, RandomRoutes) {
   DSV4_REQUIRE_GPU();
   for (int T : {1, 65, 300}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 10 + T);

@@ -21,10 +21,12 @@
 #include <algorithm>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ptx.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
 namespace {
+using namespace ptx;
 
 constexpr int kH = kIndexerHeads;  // 64
 constexpr int kD = kIndexerDim;    // 128
@@ -34,34 +36,12 @@ constexpr int kHeadsPerWarp = kH / kWarps;  // 16 = two n-tiles of 8
 constexpr int kKeys = 64;                   // keys per tile = 4 groups of 16 (the mma's M)
 constexpr int kSteps = kD / 16;             // 8 k-steps of 16 dims
 
-__device__ __forceinline__ float e8m0(uint8_t e) {
-  if (e == 0xff) return __int_as_float(0x7fc00000);
-  if (e == 0) return __int_as_float(0x00400000);
-  return __int_as_float(static_cast<int>(e) << 23);
-}
-
 // Two e4m3 codes (low byte first) -> bf16x2, exactly (e4m3 -> f16 is exact, f16 -> f32 -> bf16 too).
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
   const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
   const __nv_bfloat162 b = __float22bfloat162_rn(f);
   return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Row of key t of query s (kernels.h): paged, per-query offset, or shared.
@@ -238,20 +218,6 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, int src_byt
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two e4m3 codes (low byte first) -> f16x2, exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);

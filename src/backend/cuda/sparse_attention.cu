@@ -36,10 +36,12 @@
 #include <cstdlib>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ptx.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
 namespace {
+using namespace ptx;
 
 constexpr int kH = kAttnHeads;     // 64
 constexpr int kD = kAttnDim;       // 512
@@ -50,13 +52,6 @@ constexpr int kHeadsPerWarp = kH / kHeadGroups / kWarps;  // 2
 constexpr int kTile = 16;                   // rows per tile (one per warp when loading)
 constexpr int kNope = 448;                  // fp8 layout: e4m3 dims, then 64 bf16 RoPE dims, then scales
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float e8m0(uint8_t e) {
-  // 2^(e-127), exactly as the CPU decoder: e = 0 is the denormal 2^-127, 0xff is NaN.
-  if (e == 0xff) return __int_as_float(0x7fc00000);
-  if (e == 0) return __int_as_float(0x00400000);
-  return __int_as_float(static_cast<int>(e) << 23);
-}
 
 // Decodes dims [d, d+4) of one row to fp32.
 __device__ __forceinline__ float4 load4(const uint8_t* row, int d, KvRowFormat fmt) {
@@ -286,8 +281,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -301,14 +294,6 @@ __device__ __forceinline__ void ldsm4_t(uint32_t addr, uint32_t& r0, uint32_t& r
                : "r"(addr)
                : "memory");
 }
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // 2^x (ex2.approx: relative error ~2^-22; -inf -> 0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -318,16 +303,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return bf16x2_bits(__floats2bfloat162_rn(lo, hi)); }
-// x = hi + lo + r with hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in fp32), |r| <= 2^-16 |x|.
-__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const float2 hf = __bfloat1622float2(h);
-  hi = bf16x2_bits(h);
-  lo = pack_bf16(x0 - hf.x, x1 - hf.y);
-}
 template <bool kSplit>
 __device__ __forceinline__ void to_frag(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  if (kSplit) split_bf16(x0, x1, hi, lo);
+  if (kSplit) split_bf16x2(x0, x1, hi, lo);
   else hi = pack_bf16(x0, x1);
 }
 
@@ -442,7 +420,7 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
   int stage = 0;
   for (int t0 = begin; t0 < end; t0 += kT, stage ^= 1) {
     const uint32_t mask = next_mask;
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // tile t0 has landed; every warp is done with the previous tile's buffers
     if (t0 + kT < end) {
       next_mask = issue(next_idx, stage ^ 1);
@@ -496,14 +474,14 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
       for (int j = 0; j < 4; ++j) ldsm4(tb + qk_off + j * 8 * kTileStride + sp2 * 64, b[j][0], b[j][1], b[j][2], b[j][3]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        mma16816(sacc[j], qh[2 * sp2], b[j][0], b[j][1]);
-        mma16816(sacc[j], qh[2 * sp2 + 1], b[j][2], b[j][3]);
+        mma_bf16(sacc[j], qh[2 * sp2], b[j][0], b[j][1]);
+        mma_bf16(sacc[j], qh[2 * sp2 + 1], b[j][2], b[j][3]);
       }
       if (kSplit) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          mma16816(sacc[j], ql[(2 * sp2) % kQL], b[j][0], b[j][1]);
-          mma16816(sacc[j], ql[(2 * sp2 + 1) % kQL], b[j][2], b[j][3]);
+          mma_bf16(sacc[j], ql[(2 * sp2) % kQL], b[j][0], b[j][1]);
+          mma_bf16(sacc[j], ql[(2 * sp2 + 1) % kQL], b[j][2], b[j][3]);
         }
       }
     }
@@ -578,14 +556,14 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
       for (int kk = 0; kk < 2; ++kk) ldsm4_t(tb + pv_off + kk * 16 * kTileStride + np * 32, b[kk][0], b[kk][1], b[kk][2], b[kk][3]);
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        mma16816(o[2 * np], ph[kk], b[kk][0], b[kk][1]);
-        mma16816(o[2 * np + 1], ph[kk], b[kk][2], b[kk][3]);
+        mma_bf16(o[2 * np], ph[kk], b[kk][0], b[kk][1]);
+        mma_bf16(o[2 * np + 1], ph[kk], b[kk][2], b[kk][3]);
       }
       if (kSplit) {
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
-          mma16816(o[2 * np], pl[kk % (kSplit ? 2 : 1)], b[kk][0], b[kk][1]);
-          mma16816(o[2 * np + 1], pl[kk % (kSplit ? 2 : 1)], b[kk][2], b[kk][3]);
+          mma_bf16(o[2 * np], pl[kk % (kSplit ? 2 : 1)], b[kk][0], b[kk][1]);
+          mma_bf16(o[2 * np + 1], pl[kk % (kSplit ? 2 : 1)], b[kk][2], b[kk][3]);
         }
       }
     }
