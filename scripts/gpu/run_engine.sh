@@ -15,7 +15,7 @@ source scripts/gpu/deps_prefix.sh
 
 rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machine
 { cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views test_gpu_sample test_glue_linear; } \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views test_gpu_sample test_glue_linear test_gpu_golden; } \
   > "$FINAL/build.log" 2>&1 || { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$FINAL/gpu.txt" 2>&1
 
@@ -29,6 +29,12 @@ echo "== $(date -u +%F) $(tail -1 "$FINAL/gpu.txt")"
 grep -E "DSV4_TEST_SEED|vs CPU|vs eager|decode \(|Failure|Expected|Which is|error|exception|what\(\)|^\[  |^\[ RUN|OK \]|FAILED" "$FINAL/test_gpu_model.log" | head -80
 echo "== kernel views (rc=$rc_views)"
 grep -E "vs|Failure|^\[  " "$FINAL/test_gpu_kernel_views.log" | head -40
+gg=$(find $B -name test_gpu_golden -type f -perm -u+x | head -1)
+"$gg" > "$FINAL/test_gpu_golden.log" 2>&1
+rc_gg=$?
+echo "== GPU vs transformers golden fixture (rc=$rc_gg)"
+grep -E "kernel_width|Failure|Expected|Which is|exception|^\[  " "$FINAL/test_gpu_golden.log" | head -14
+[ $rc_gg -ne 0 ] && rc_views=1
 gl=$(find $B -name test_glue_linear -type f -perm -u+x | head -1)
 "$gl" > "$FINAL/test_glue_linear.log" 2>&1
 rc_gl=$?

@@ -137,7 +137,30 @@ TEST_P(Golden, BatchedEqualsAlone) {
   EXPECT_EQ(out[1].logits, rb);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::Values("mixed", "small_window"));
+// Fixtures whose tokens after the prompt are the reference's greedy continuation (kernel_width: 256 tokens):
+// greedy decoding from the prompt must produce exactly those tokens (f32 KV, like the reference).
+TEST_P(Golden, GreedyContinuationMatchesTransformers) {
+  GoldenFixture f = GoldenFixture::load(GetParam());
+  if (!f.meta.value("greedy_continuation", false)) GTEST_SKIP() << "fixture has no greedy continuation";
+  auto m = Model::load(f.dir, EngineOptions{KvDtype::kF32});
+  auto seq = m->new_sequence();
+  std::vector<SeqChunk> b(1);
+  b[0].seq = seq.get();
+  b[0].tokens.assign(f.ids.begin(), f.ids.begin() + f.prefill);
+  int64_t agree = 0;
+  for (int64_t t = f.prefill; t < f.seq_len; ++t) {
+    const std::vector<float> logits = m->forward(b)[0].logits;
+    const int32_t next = testing::argmax_row(logits.data(), f.vocab);
+    if (next != f.ids[t]) break;
+    ++agree;
+    b[0].tokens = {next};
+  }
+  std::printf("[%s] greedy continuation: %lld of %lld tokens equal to the reference's\n", GetParam(),
+              static_cast<long long>(agree), static_cast<long long>(f.seq_len - f.prefill));
+  EXPECT_EQ(agree, f.seq_len - f.prefill);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::Values("mixed", "small_window", "kernel_width"));
 
 }  // namespace
 }  // namespace dsv4

@@ -67,6 +67,29 @@ CONFIGS = {
             quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0",
                                      weight_block_size=[128, 128], activation_scheme="dynamic"),
         )),
+    # The attention widths the CUDA kernels are built for (64 heads x 512 with 64 RoPE dims, indexer 64 x 128,
+    # expert and hidden sizes multiples of 128), so the GPU engine can run this fixture too; 64 indexer heads
+    # make exact ties unlikely. The 256 tokens after the prompt are the reference's own greedy continuation
+    # (argmax, first maximum, cached decode): dsv4's greedy decode must reproduce them.
+    "kernel_width": dict(
+        seq_len=556, prefill=300, decode=256, greedy=True,
+        config=dict(
+            vocab_size=512, hidden_size=256, num_hidden_layers=2, num_nextn_predict_layers=0,
+            num_attention_heads=64, num_key_value_heads=1, head_dim=512, qk_rope_head_dim=64,
+            q_lora_rank=128, o_groups=8, o_lora_rank=128,
+            n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=128,
+            scoring_func="sqrtsoftplus", topk_method="noaux_tc", norm_topk_prob=True, routed_scaling_factor=1.5,
+            num_hash_layers=1, swiglu_limit=10.0, hidden_act="silu",
+            index_n_heads=64, index_head_dim=128, index_topk=16, sliding_window=64,
+            compress_ratios=[4, 128],
+            hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+            rope_theta=10000.0, compress_rope_theta=160000.0,
+            rope_scaling=dict(type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1),
+            max_position_embeddings=1048576, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
+            tie_word_embeddings=False, torch_dtype="bfloat16", expert_dtype="fp4",
+            quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0",
+                                     weight_block_size=[128, 128], activation_scheme="dynamic"),
+        )),
 }
 
 FP4_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float32)
@@ -385,6 +408,15 @@ def run_config(name, spec, out_root, seed):
     assert P + D == S
     ids = torch.randint(2, c["vocab_size"], (1, S), generator=gen)
     ids[0, 0] = 0  # BOS
+    if spec.get("greedy"):
+        # Positions P .. S-1: the reference's greedy continuation of the prompt (cached decode, first maximum).
+        out = model(input_ids=ids[:, :P], use_cache=True)
+        past = out.past_key_values
+        for t in range(P, S):
+            ids[0, t] = int(torch.argmax(out.logits[0, -1]))
+            if t + 1 < S:
+                out = model(input_ids=ids[:, t:t + 1], past_key_values=past, use_cache=True)
+                past = out.past_key_values
     checked_rows = check_no_ties(model, c, ids)
 
     def full_and_decode():
@@ -418,7 +450,7 @@ def run_config(name, spec, out_root, seed):
         reference_cached_vs_full_rel=ref_rel, reference_cached_vs_full_rel_bf16kv=ref_rel16,
         bf16kv_vs_f32kv_reference_rel=bf16_effect, indexer_rows_checked_for_ties=checked_rows,
         inv_freq_main=rot.main_inv_freq.tolist(), inv_freq_compress=rot.compress_inv_freq.tolist(),
-        seed=seed,
+        seed=seed, greedy_continuation=bool(spec.get("greedy", False)),
     )
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
         json.dump(meta, f, indent=1)
@@ -431,9 +463,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "golden"))
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--only", help="write only this fixture (others are left as they are)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     for i, (name, spec) in enumerate(CONFIGS.items()):
+        if args.only and name != args.only:
+            continue
         run_config(name, spec, args.out, args.seed + 100 * i)
 
 
