@@ -62,6 +62,7 @@ struct Scratch {
   void *hc_ws, *attn_ws;
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [cap, vocab]
+  uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
   int32_t* next = nullptr;        // device [2, cap]: the token drawn from each row of the step, its status
   int32_t* next_host = nullptr;   // pinned [2, cap]
   glue::SampleRowParams* sample_params = nullptr;       // device [cap]
@@ -115,7 +116,8 @@ struct GpuModel::Impl {
   void ffn(int li, int T);
   // y = x · Wᵀ: the weight-streaming GEMV (bf16 activations) where it applies, else the fp32 glue linear.
   void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
-  // cudalin::gemv over T rows of bf16 activations, in slices of the 64 rows the GEMV takes.
+  // y = x · Wᵀ over T rows of bf16 activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
+  // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16).
   void gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);
   bool use_gemv(const DevLinear& wt) const;
 };

@@ -28,6 +28,11 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
 
 void GpuModel::Impl::gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
                                int64_t ldy) {
+  if (T > 64 && s.wbuf) {  // compute-bound: dequantize once (exact), then a bf16 tensor-core GEMM
+    cudalin::dequant_to_bf16(w, s.wbuf, stream);
+    cudalin::gemm_bf16(xb, ldx, T, s.wbuf, w.rows, w.cols, y, ldy, stream);
+    return;
+  }
   for (int t0 = 0; t0 < T; t0 += 64)
     cudalin::gemv(w, xb + static_cast<int64_t>(t0) * ldx, ldx, std::min(64, T - t0), y + static_cast<int64_t>(t0) * ldy,
                   ldy, ws, stream);

@@ -103,6 +103,18 @@ void GpuModel::Impl::alloc_scratch() {
   meta.d64 = static_cast<int64_t*>(dalloc(sizeof(int64_t) * StepMeta::kN64 * T));
   meta.d32 = static_cast<int32_t*>(dalloc(sizeof(int32_t) * StepMeta::kN32 * T));
 
+  if (T > 64) {  // steps of more than 64 tokens multiply through cuBLAS from a bf16 copy of the weight
+    int64_t most = 0;
+    auto consider = [&](const DevLinear& l) {
+      if (gemv_applies(l)) most = std::max(most, l.rows * l.cols);
+    };
+    for (const DevLayer& L : w.layers) {
+      for (const DevLinear* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.index_wq_b, &L.sh_w1, &L.sh_w2, &L.sh_w3})
+        consider(*l);
+      most = std::max(most, L.wo_a.rows * L.wo_a.cols / std::max<int64_t>(1, c->o_groups));  // one group
+    }
+    if (most > 0) s.wbuf = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * most));
+  }
   ws = cudalin::workspace_create();
   moe_kernel_ok = D % 128 == 0 && I % 128 == 0 && D <= 4096 && I <= 4096 && E <= 1024;
   const cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),

@@ -34,9 +34,10 @@ struct GpuOptions {
   // launch instead of ~50 per layer. Off: every kernel is launched eagerly (same results, bit for bit).
   bool cuda_graphs = true;
   // Chunked prefill: up to this many tokens of one sequence per step (0 or 1: one, i.e. token by token).
-  // Steps of several tokens per sequence run eagerly: linears as 64-row slices of the GEMV, routed
-  // experts through the grouped MoE prefill GEMM above 64 tokens, the window ring widened by chunk - 1
-  // rows (engine/gpu/device_state.h), the LM head only on the rows whose logits are needed.
+  // Steps of several tokens per sequence run eagerly; above 64 tokens in a step the linears dequantize to
+  // bf16 and multiply with cuBLAS and the routed experts take the grouped MoE prefill GEMM; the window ring
+  // is widened by chunk - 1 rows (engine/step_plan.h); the LM head runs only on the rows whose logits are
+  // needed.
   int prefill_chunk = 0;
   // Benchmarks: record a CUDA event after every operation of a step (implies eager launches);
   // step_profile_ms() reads them.

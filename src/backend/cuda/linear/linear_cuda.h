@@ -103,6 +103,10 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
 void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream);
 void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
                cudaStream_t stream);
+// The same with row strides: x rows ldx >= cols elements apart, y rows ldy >= rows apart (a column block of
+// a wider activation, e.g. one group of the grouped output projection).
+void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
+               int64_t ldy, cudaStream_t stream);
 
 // ---------------------------------------------------------------- MoE prefill (MXFP4 routed experts, many tokens)
 // Device-side permutation (pairs sorted by (expert, t, k), counting sort, no host synchronization) and a

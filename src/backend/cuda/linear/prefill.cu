@@ -92,15 +92,23 @@ void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream) {
 
 void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
                cudaStream_t stream) {
+  gemm_bf16(x, cols, M, wbf16, rows, cols, y, rows, stream);
+}
+
+void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
+               int64_t ldy, cudaStream_t stream) {
+  if (ldx < cols || ldy < rows)
+    throw Error(str_cat("cuda gemm_bf16: row strides ", ldx, " / ", ldy, " below the shape [", rows, ", ", cols, "]"));
   // Row-major y[M, rows] = x[M, cols] · W[rows, cols]ᵀ is, column-major, Y(rows x M) = Wᵀ... i.e.
-  // op(A) = W (A = W stored col-major cols x rows, transposed) and B = x (cols x M).
+  // op(A) = W (A = W stored col-major cols x rows, transposed) and B = x (cols x M, leading dimension ldx);
+  // Y has leading dimension ldy.
   const float alpha = 1.f, beta = 0.f;
   cublasHandle_t h = handle();
   if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS) throw Error("cublasSetStream failed");
   const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
                                          static_cast<int>(cols), &alpha, wbf16, CUDA_R_16BF, static_cast<int>(cols), x,
-                                         CUDA_R_16BF, static_cast<int>(cols), &beta, y, CUDA_R_32F,
-                                         static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                         CUDA_R_16BF, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
+                                         static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     throw Error(str_cat("cuda gemm_bf16: cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
                         cols, "]"));
