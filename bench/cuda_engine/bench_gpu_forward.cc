@@ -1,10 +1,11 @@
 // GPU forward benchmark on a V4-Flash-width checkpoint (random weights in the official formats; see
 // scripts/gpu/bench_flash.sh): per-layer time, batch-1 decode against the weight-bytes floor, decode tok/s at
-// several batch sizes, token-by-token prefill tok/s, and the extrapolation to the full 43-layer model.
+// several batch sizes, prefill tok/s at each length of --prefill (then batch-1 decode at that context), and
+// the extrapolation to the full 43-layer model.
 // Not a test: numbers only (docs/PERFORMANCE.md).
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
-//                     [--prefill 8192] [--prefill-chunk 0] [--full-layers 43]
+//                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43]
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
 #include <cuda_runtime.h>
 #include <execinfo.h>
@@ -103,7 +104,8 @@ double now_s() {
 int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
-  int prompt = 512, decode = 32, prefill = 8192, full_layers = 43, prefill_chunk = 0;
+  int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0;
+  std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
     else if (a == "--batches") batches = parse_list(next());
     else if (a == "--prompt") prompt = std::atoi(next().c_str());
     else if (a == "--decode") decode = std::atoi(next().c_str());
-    else if (a == "--prefill") prefill = std::atoi(next().c_str());
+    else if (a == "--prefill") prefills = parse_list(next());
     else if (a == "--full-layers") full_layers = std::atoi(next().c_str());
     else if (a == "--prefill-chunk") prefill_chunk = std::atoi(next().c_str());
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
@@ -128,7 +130,8 @@ int main(int argc, char** argv) {
     gpu::GpuOptions o;
     o.kv_dtype = kv == "bf16" ? KvDtype::kBF16 : kv == "f32" ? KvDtype::kF32 : KvDtype::kFP8;
     o.max_seqs = *std::max_element(batches.begin(), batches.end());
-    o.max_model_len = std::max(prompt + decode + 8, prefill + decode + 8);
+    const int longest = prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
+    o.max_model_len = std::max(prompt + decode + 8, longest + decode + 8);
     o.progress = true;
     o.poison = false;
     o.prefill_chunk = prefill_chunk;
@@ -174,10 +177,11 @@ int main(int argc, char** argv) {
       if (B == 1) step_ms_b1 = ms;
       std::fflush(stdout);
     }
-    // Token-by-token prefill (no chunked prefill yet) from an empty sequence, CUDA graphs per context bucket;
+    // Prefill from an empty sequence (token by token through the decode graphs, or chunks of prefill_chunk),
     // then batch-1 decode at that context.
-    double prefill_tps = 0;
-    if (prefill > 0) {
+    std::vector<std::pair<int, double>> prefill_tps;
+    for (int prefill : prefills) {
+      if (prefill <= 0) continue;
       std::fprintf(stderr, "\nprefill %d tokens\n", prefill);
       auto s2 = m->new_sequence();
       std::vector<gpu::GpuSeqChunk> pb(1);
@@ -188,7 +192,7 @@ int main(int argc, char** argv) {
       const double t0 = now_s();
       m->forward(pb);
       const double sec = now_s() - t0;
-      prefill_tps = prefill / sec;
+      prefill_tps.emplace_back(prefill, prefill / sec);
       pb[0].tokens = {pb[0].next_token};
       m->forward(pb);
       const double t1 = now_s();
@@ -198,9 +202,10 @@ int main(int argc, char** argv) {
       }
       const double ms = 1e3 * (now_s() - t1) / decode;
       std::printf("| 1 | %d | %.3f | %.1f | | |\n", prefill + 1, ms, 1e3 / ms);
-      std::printf("\nprefill %d tokens, %s, %d layers: %.2f s = %.0f tok/s\n", prefill,
+      std::printf("prefill %d tokens, %s, %d layers: %.2f s = %.0f tok/s\n", prefill,
                   prefill_chunk > 1 ? ("chunks of " + std::to_string(prefill_chunk)).c_str()
-                                    : "token by token with graphs", L, sec, prefill_tps);
+                                    : "token by token with graphs", L, sec, prefill / sec);
+      std::fflush(stdout);
     }
     m.reset();
 
@@ -257,9 +262,10 @@ int main(int argc, char** argv) {
       std::printf("extrapolated to %d layers + head: %.2f ms/token = %.1f tok/s; floor %.2f ms (%.2f GB) -> %.0f%% "
                   "of the floor\n", full_layers, full_ms, 1e3 / full_ms, full_floor,
                   (full_layers * fb.per_layer + fb.head) / 1e9, 100 * full_floor / full_ms);
-      if (prefill_tps > 0)
-        std::printf("prefill extrapolated to %d layers (per-layer share of the step as measured): %.0f tok/s\n",
-                    full_layers, prefill_tps * (L * layer_ms_b1 + head_ms_b1) / (full_layers * layer_ms_b1 + head_ms_b1));
+      // A prefill step computes the head for one token only, so its time is the layers': scale by L / 43.
+      for (const auto& [n, tps] : prefill_tps)
+        std::printf("prefill %d tokens extrapolated to %d layers: %.0f tok/s\n", n, full_layers,
+                    tps * L / full_layers);
 
     }
   } catch (const Error& e) {
