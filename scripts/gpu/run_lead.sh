@@ -12,9 +12,11 @@ trap 'tar -czf "$R/logs.tgz" -C "$OUT" .' EXIT
 export JOBS=${JOBS:-16}
 bash scripts/gpu/run_engine.sh > "$OUT/engine.txt" 2>&1
 echo "engine rc=$?" >> "$OUT/engine.txt"
-# Kernel tests that changed last (same build dir, incremental): compressor graph replay, MoE prefill.
-{ cmake --build build-gpu -j "$JOBS" --target test_cuda_compressor test_cuda_moe_prefill > "$OUT/build-kernels.log" 2>&1 &&
-  for t in test_cuda_compressor test_cuda_moe_prefill; do
+# Kernel tests that changed last (same build dir, incremental): compressor graph replay, MoE prefill, the
+# strided prefill GEMM.
+{ cmake --build build-gpu -j "$JOBS" --target test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill \
+    > "$OUT/build-kernels.log" 2>&1 &&
+  for t in test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill; do
     exe=$(find build-gpu -name "$t" -type f -perm -u+x | head -1)
     "$exe" > "$OUT/$t.log" 2>&1
     echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/$t.log" | tr '\n' ' ')"

@@ -1,4 +1,5 @@
 // dsv4 run: prefill a prompt, then decode token by token, streaming the output and timing both phases.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>

@@ -138,7 +138,8 @@ class Harness {
       cuda::compressor(a, nullptr);
     } else {
       if (!exec_) {
-        check_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        // A blocking stream: it waits for the uploads and the poison memset issued on the legacy stream.
+        check_ok(cudaStreamCreate(&stream_));
         cudaGraph_t g = nullptr;
         check_ok(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
         cuda::compressor(a, stream_);

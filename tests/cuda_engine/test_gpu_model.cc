@@ -338,7 +338,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // Chunked prefill (GpuOptions::prefill_chunk): several tokens of a sequence per step, against the CPU.
 // Chunks of 48 cut the 4- and 128-token compressor blocks and the 64-row window anywhere and widen the ring;
-// chunks of 200 (above 64 tokens per step) take the GEMV in 64-row slices and the grouped MoE prefill GEMM.
+// chunks of 200 (above 64 tokens per step) take dequantize + cuBLAS for the linears and the grouped MoE
+// prefill GEMM.
 // Same functions as the token-by-token path, so the same bounds: exact mode on the selective model (5e-4,
 // argmax identical), kernels on the continuous model (2e-2).
 TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {

@@ -73,8 +73,9 @@ struct HcArgs {
   float* x = nullptr;          // [n_tokens, dim]: hc_pre's sub-layer input / hc_head's y
   float* post = nullptr;       // [n_tokens, n]    (hc_pre only)
   float* comb = nullptr;       // [n_tokens, n*n]  (hc_pre only)
-  void* workspace = nullptr;   // hc_workspace_bytes(n_tokens, dim) bytes (split-K partial sums)
+  void* workspace = nullptr;   // hc_workspace_bytes(n, dim) bytes for some n >= n_tokens (split-K partials)
 };
+// Enough for any launch of up to n_tokens tokens (the split-K factor depends on the token count).
 size_t hc_workspace_bytes(int n_tokens, int64_t dim);
 void hc_pre(const HcArgs& a, cudaStream_t stream);
 void hc_head(const HcArgs& a, cudaStream_t stream);

@@ -253,7 +253,12 @@ void run_hc(const HcArgs& a, cudaStream_t stream) {
 
 size_t hc_workspace_bytes(int n_tokens, int64_t dim) {
   if (n_tokens <= 0 || dim < 32) return 16;
-  return static_cast<size_t>(split_k(n_tokens, dim)) * n_tokens * (kMaxMix + 1) * sizeof(float);
+  // The split count falls as the token count grows, so splits x tokens is not monotone in the tokens: take
+  // the largest over every count a caller sized for n_tokens may launch with.
+  size_t most = 0;
+  for (int t = 1; t <= n_tokens; ++t)
+    most = std::max(most, static_cast<size_t>(split_k(t, dim)) * t * (kMaxMix + 1) * sizeof(float));
+  return most;
 }
 
 void hc_pre(const HcArgs& a, cudaStream_t stream) {

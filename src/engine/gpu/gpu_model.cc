@@ -331,17 +331,27 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     const std::vector<StepSeq>& seqs = step.seqs;
     const std::vector<StepOut>& rows = step.outs;
     const int T = step.tokens;
+    // A step of one token per sequence (decode, or token-by-token prefill) computes the head on every row, so
+    // its launch sequence depends only on (T, bucket) and replays a CUDA graph; a prefill-chunk step computes
+    // it only on the rows whose logits are needed. lrow(r): the logits row of the r-th needed token.
+    const bool one_per_seq = static_cast<int>(seqs.size()) == T;
     im.meta.out_rows.clear();
-    for (const StepOut& o : rows) im.meta.out_rows.push_back(o.row);
+    if (one_per_seq)
+      for (int t = 0; t < T; ++t) im.meta.out_rows.push_back(t);
+    else
+      for (const StepOut& o : rows) im.meta.out_rows.push_back(o.row);
+    auto lrow = [&](size_t r) { return one_per_seq ? rows[r].row : static_cast<int>(r); };
     im.set_step(seqs);
     im.launch_step(T);
     const int n_out = static_cast<int>(rows.size());
-    // Draw the next token from every logits row (only a chunk's last row counts).
+    const int n_rows = static_cast<int>(im.meta.out_rows.size());
+    // Draw a token from every logits row (only a chunk's last row counts; rows nobody needs draw greedily).
     bool any_logits = false, all_greedy = true;
+    for (int lr = 0; lr < n_rows; ++lr) im.s.sample_params_host[lr] = glue::SampleRowParams{};
     for (int r = 0; r < n_out; ++r) {
       const GpuSeqChunk& ch = batch[rows[r].chunk];
       any_logits |= ch.return_logits;
-      glue::SampleRowParams& sp = im.s.sample_params_host[r];
+      glue::SampleRowParams& sp = im.s.sample_params_host[lrow(r)];
       sp.temperature = ch.sampling.temperature;
       sp.top_k = ch.sampling.top_k;
       sp.top_p = ch.sampling.top_p;
@@ -350,23 +360,24 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
       sp.step = ch.seq->draws;
       all_greedy &= sp.temperature == 0.0f || sp.top_k == 1;
     }
-    if (n_out > 0) {
-      cuda::check(cudaMemcpyAsync(im.s.sample_params, im.s.sample_params_host, sizeof(glue::SampleRowParams) * n_out,
+    if (n_rows > 0) {
+      cuda::check(cudaMemcpyAsync(im.s.sample_params, im.s.sample_params_host, sizeof(glue::SampleRowParams) * n_rows,
                                   cudaMemcpyHostToDevice, im.stream), "upload sampling parameters");
-      glue::sample_rows(im.s.logits, n_out, V, im.s.sample_params, im.s.next, im.s.next + n_out, im.s.sample_ws,
+      glue::sample_rows(im.s.logits, n_rows, V, im.s.sample_params, im.s.next, im.s.next + n_rows, im.s.sample_ws,
                         im.stream, all_greedy);
-      cuda::check(cudaMemcpyAsync(im.s.next_host, im.s.next, sizeof(int32_t) * 2 * n_out, cudaMemcpyDeviceToHost,
+      cuda::check(cudaMemcpyAsync(im.s.next_host, im.s.next, sizeof(int32_t) * 2 * n_rows, cudaMemcpyDeviceToHost,
                                   im.stream), "download next tokens");
       if (any_logits)
-        cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * n_out * V, cudaMemcpyDeviceToHost,
+        cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * n_rows * V, cudaMemcpyDeviceToHost,
                                     im.stream), "download logits");
     }
     cuda::check(cudaStreamSynchronize(im.stream), "GPU forward step");
     for (int r = 0; r < n_out; ++r) {
       GpuSeqChunk& ch = batch[rows[r].chunk];
+      const int lr = lrow(r);
       if (rows[r].last) {
-        const int32_t status = im.s.next_host[n_out + r];
-        ch.next_token = im.s.next_host[r];
+        const int32_t status = im.s.next_host[n_rows + lr];
+        ch.next_token = im.s.next_host[lr];
         if (status == glue::kSampleNonFinite) {
           ch.next_token = -1;
           ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + rows[r].index) +
@@ -375,7 +386,7 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
           // The kept set reaches past the GPU's candidates: draw on the host from this row, same rule; the
           // stream position (seed, draws) seeds it so the draw stays reproducible.
           std::vector<float> row(static_cast<size_t>(V));
-          cuda::check(cudaMemcpy(row.data(), im.s.logits + static_cast<int64_t>(r) * V, sizeof(float) * V,
+          cuda::check(cudaMemcpy(row.data(), im.s.logits + static_cast<int64_t>(lr) * V, sizeof(float) * V,
                                  cudaMemcpyDeviceToHost), "download a logits row for the host sampler");
           SamplingParams hp = ch.sampling;
           hp.seed = glue::sample_mix64(ch.sampling.seed ^ glue::sample_mix64(ch.seq->draws));
@@ -387,7 +398,7 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
       }
       if (!ch.return_logits) continue;
       const int64_t row = ch.all_logits ? rows[r].index : 0;
-      std::memcpy(out[rows[r].chunk].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(r) * V,
+      std::memcpy(out[rows[r].chunk].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(lr) * V,
                   sizeof(float) * V);
     }
   }

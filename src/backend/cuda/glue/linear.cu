@@ -3,6 +3,8 @@
 // compressor, weights_proj, router and LM head of the GPU engine) take a streaming path: 16-byte loads,
 // four in flight per lane, so a few hundred rows already keep enough bytes in flight to stream at copy
 // bandwidth; the generic path reads one element per lane per step.
+#include <algorithm>
+
 #include "backend/cuda/glue/glue_common.cuh"
 
 namespace dsv4::glue {
@@ -89,10 +91,10 @@ __global__ void linear_bf16_kernel(const uint16_t* __restrict__ w, int64_t cols,
 
 // h[p, i] = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * weight[p] for pair p = t * top_k + k.
 __global__ void moe_up_kernel(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit,
-                              const float* x, const int32_t* idx, const float* weights, float* h) {
+                              const float* x, const int32_t* idx, const float* weights, float* h, int p0) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (i >= inter) return;
-  const int p = blockIdx.y;
+  const int p = p0 + static_cast<int>(blockIdx.y);
   const Expert& e = experts[idx[p]];
   const float* xt = x + static_cast<int64_t>(p / top_k) * hidden;
   float g[kTok], u[kTok];
@@ -144,9 +146,12 @@ void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, 
                const int32_t* idx, const float* weights, int T, float* h, float* out, bool accumulate,
                cudaStream_t stream) {
   if (T <= 0) return;
-  moe_up_kernel<<<dim3(blocks_for(inter, kWarps), T * top_k), kWarps * 32, 0, stream>>>(
-      experts, hidden, inter, top_k, limit, x, idx, weights, h);
-  check_launch("glue::moe_exact up");
+  for (int p0 = 0; p0 < T * top_k; p0 += 65535) {  // gridDim.y is at most 65535
+    const int n = std::min(65535, T * top_k - p0);
+    moe_up_kernel<<<dim3(blocks_for(inter, kWarps), n), kWarps * 32, 0, stream>>>(experts, hidden, inter, top_k, limit,
+                                                                                   x, idx, weights, h, p0);
+    check_launch("glue::moe_exact up");
+  }
   moe_down_kernel<<<dim3(blocks_for(hidden, kWarps), T), kWarps * 32, 0, stream>>>(experts, hidden, inter, top_k,
                                                                                     idx, h, out, accumulate);
   check_launch("glue::moe_exact down");
