@@ -13,10 +13,10 @@ export JOBS=${JOBS:-16}
 bash scripts/gpu/run_engine.sh > "$OUT/engine.txt" 2>&1
 echo "engine rc=$?" >> "$OUT/engine.txt"
 # Kernel tests that changed last (same build dir, incremental): compressor graph replay, MoE prefill, the
-# strided prefill GEMM.
+# strided prefill GEMM, the grouped GEMV.
 { cmake --build build-gpu -j "$JOBS" --target test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill \
-    > "$OUT/build-kernels.log" 2>&1 &&
-  for t in test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill; do
+    test_cuda_gemv > "$OUT/build-kernels.log" 2>&1 &&
+  for t in test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill test_cuda_gemv; do
     exe=$(find build-gpu -name "$t" -type f -perm -u+x | head -1)
     "$exe" > "$OUT/$t.log" 2>&1
     echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/$t.log" | tr '\n' ' ')"

@@ -4,6 +4,7 @@
 // K+8 roundings of relative size 2^-23 (tensor cores may truncate), |err| <= (K+8) 2^-23 sum_k |x_k w_k|
 // elementwise; in norm the errors are far smaller and we ask 1e-4 (the bf16 rounding of activations that
 // the engine's fp32 CPU path does not do is ~1e-3, reported separately against cpu::linear).
+#include "core/error.h"
 #include "linear_test_util.h"
 
 namespace dsv4 {
@@ -63,6 +64,72 @@ void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts,
     const auto a = y1.download(), b = y2.download();
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "gemv is not deterministic";
   }
+  cudalin::workspace_destroy(ws);
+}
+
+// gemv_grouped: the grouped output projection's shape (G groups of group_rows rows, group g reading the
+// activation columns [g*stride, g*stride + cols)), against float64 per group, in both kernel versions.
+void run_grouped(Kind kind, int64_t groups, int64_t group_rows, int64_t cols, int64_t stride, int T, uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << "grouped kind " << int(kind) << " G " << groups << " x [" << group_rows << ", "
+                                    << cols << "] stride " << stride << " T " << T);
+  std::mt19937_64 rng(seed() ^ (salt * 0x9E3779B97F4A7C15ull));
+  const int64_t rows = groups * group_rows, ldx = (groups - 1) * stride + cols + 8, ldy = rows + 16;
+  HostWeight h = kind == Kind::kFp4 ? random_fp4(rng, rows, cols, 110, 140) : random_fp8(rng, rows, cols, 112, 136, false);
+  bind(h);
+  const std::vector<float> W = dequant(h.view);
+  DevBuf<uint8_t> dw(h.w), ds(h.s);
+  cudalin::DevWeight dev{h.view.fmt, rows, cols, dw.p, ds.p, h.view.scale_is_f32};
+  cudalin::Workspace ws = cudalin::workspace_create();
+  std::vector<float> xf;
+  std::vector<uint16_t> xb;
+  random_bf16(rng, size_t(T) * ldx, xf, xb);
+  DevBuf<uint16_t> dx(xb);
+  for (int version : {2, 1}) {
+    cudalin::set_linear_kernel_version(version);
+    DevBuf<float> dy(size_t(T) * ldy);
+    dy.poison();
+    cudalin::gemv_grouped(dev, group_rows, stride, dx.p, ldx, T, dy.p, ldy, ws, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> wide = dy.download();
+    std::vector<float> got(size_t(T) * rows);
+    int64_t outside = 0;
+    for (int t = 0; t < T; ++t)
+      for (int64_t r = 0; r < ldy; ++r) {
+        if (r < rows) got[size_t(t) * rows + r] = wide[size_t(t) * ldy + r];
+        else outside += !std::isnan(wide[size_t(t) * ldy + r]);  // poison: 0xFFFFFFFF
+      }
+    EXPECT_EQ(outside, 0) << "wrote past the output rows";
+    std::vector<double> ref(size_t(T) * rows), abs(size_t(T) * rows);
+    for (int t = 0; t < T; ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t g = r / group_rows;
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < cols; ++k) {
+          const double p = double(xf[size_t(t) * ldx + g * stride + k]) * W[size_t(r) * cols + k];
+          acc += p, mag += std::fabs(p);
+        }
+        ref[size_t(t) * rows + r] = acc, abs[size_t(t) * rows + r] = mag;
+      }
+    const ErrStats e = compare(got, ref, abs);
+    std::printf("gemv_grouped v%d kind=%d G=%lld [%lld,%lld] T=%d rel_norm=%.3g worst/abs=%.3g\n", version, int(kind),
+                (long long)groups, (long long)group_rows, (long long)cols, T, e.rel_norm, e.worst);
+    EXPECT_EQ(e.non_finite, 0) << "unwritten or non-finite outputs (version " << version << ")";
+    EXPECT_LE(e.rel_norm, 1e-4);
+    EXPECT_LE(e.worst, (cols + 8) * std::ldexp(1.0, -23));
+  }
+  cudalin::set_linear_kernel_version(2);
+  cudalin::workspace_destroy(ws);
+}
+
+TEST(CudaGemv, Grouped) {
+  DSV4_REQUIRE_GPU();
+  run_grouped(Kind::kFp8, 8, 1024, 4096, 4096, 1, 21);  // V4-Flash wo_a: 8 x [1024, 4096], x = o [32768]
+  run_grouped(Kind::kFp8, 8, 128, 4096, 4096, 9, 22);   // the engine test models' wo_a
+  run_grouped(Kind::kFp8, 3, 16, 256, 384, 64, 23);     // one tile per group, stride above the width
+  run_grouped(Kind::kFp4, 4, 64, 512, 512, 2, 24);
+  cudalin::Workspace ws = cudalin::workspace_create();
+  cudalin::DevWeight bad{WeightFormat::kFP8Block, 100 * 16, 256, nullptr, nullptr, false};
+  EXPECT_THROW(cudalin::gemv_grouped(bad, 24, 256, nullptr, 4096, 1, nullptr, 1600, ws, nullptr), Error);
   cudalin::workspace_destroy(ws);
 }
 

@@ -169,11 +169,16 @@ void GpuModel::Impl::attention(int li, int T) {
   const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
   const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(DevLinear{L.wo_a.fmt, olr, gin, {}, {}});
   if (grouped_gemv) cudalin::cast_f32_to_bf16(s.o, s.xb, T * H * hd, stream);
-  for (int64_t g = 0; g < G; ++g) {
-    if (grouped_gemv)
-      gemv_rows(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr);
-    else
-      glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
+  if (grouped_gemv && T <= 64) {
+    // One launch for all groups: group g's rows read o's column block g (cudalin::gemv_grouped).
+    cudalin::gemv_grouped(L.wo_a.d, olr, gin, s.xb, H * hd, T, s.z, G * olr, ws, stream);
+  } else {
+    for (int64_t g = 0; g < G; ++g) {
+      if (grouped_gemv)
+        gemv_rows(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr);
+      else
+        glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
+    }
   }
   lin(L.wo_b, s.z, G * olr, T, s.y, D);
   mark(li, "wo");

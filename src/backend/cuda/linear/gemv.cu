@@ -30,7 +30,15 @@ struct GemvArgs {
   float* partial;
   int* counters;
   int gy;
+  // Grouped form (gemv_grouped): output rows [g*group_rows, (g+1)*group_rows) read the activations at
+  // column offset g*group_x_stride. 0: one group.
+  int64_t group_rows = 0, group_x_stride = 0;
 };
+
+// The activations of row tile `tile` (16 rows): the group's column block in the grouped form.
+__device__ __forceinline__ const uint16_t* tile_x(const GemvArgs& a, int64_t tile) {
+  return a.group_rows ? a.x + (tile * 16 / a.group_rows) * a.group_x_stride : a.x;
+}
 
 // Split-K epilogue of both GEMV kernels: the last of a row tile's gy blocks (found through the tile's arrival
 // counter) adds the gy partial sums in block order, so the result does not depend on which block finishes
@@ -65,7 +73,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int tok = nt * 8 + g;
-    xr[nt] = tok < a.T ? a.x + tok * a.ldx + t * 32 : nullptr;
+    xr[nt] = tok < a.T ? tile_x(a, blockIdx.x) + tok * a.ldx + t * 32 : nullptr;
   }
   float acc[1][NT][4] = {};
   const uint8_t* const W[1] = {a.w};
@@ -138,7 +146,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int tok = nt * 8 + g;
-    xr[nt] = tok < a.T ? a.x + tok * a.ldx + t * (FP4 ? 32 : 16) : nullptr;  // lane layout: stream.cuh
+    xr[nt] = tok < a.T ? tile_x(a, tile) + tok * a.ldx + t * (FP4 ? 32 : 16) : nullptr;  // lane layout: stream.cuh
   }
   float acc[1][NT][4] = {};
   const uint8_t* const W[1] = {a.w};
@@ -244,8 +252,9 @@ void workspace_destroy(Workspace& ws) {
   ws = Workspace{};
 }
 
-void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream) {
+namespace {
+void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
+               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride) {
   require_supported_device();
   const bool fp4 = w.fmt == WeightFormat::kFP4;
   if (!fp4 && w.fmt != WeightFormat::kFP8Block)
@@ -271,7 +280,8 @@ void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, i
       while (ks * 2 <= std::min(g_force_ks, C)) ks *= 2;
     }
     const int ksb = std::min(ks, 8), gy = std::max(1, ks / 8), tpb = 8 / ksb;
-    GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy};
+    GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy,
+               group_rows, group_x_stride};
     if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
       throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
     const dim3 grid((tiles + tpb - 1) / tpb, gy);
@@ -288,13 +298,34 @@ void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, i
   while (cpw > 1 && int64_t(tiles) * ((C + cpw - 1) / cpw) < target) cpw /= 2;
   if (g_force_cpw == 1 || g_force_cpw == 2 || g_force_cpw == 4) cpw = g_force_cpw;
   const int groups = (C + cpw - 1) / cpw, wb = std::min(8, groups), gy = (groups + wb - 1) / wb;
-  GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy};
+  GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy,
+             group_rows, group_x_stride};
   if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
     throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
   const dim3 grid(tiles, gy);
   if (fp4) launch<true>(T, cpw, grid, wb * 32, a, stream);
   else launch<false>(T, cpw, grid, wb * 32, a, stream);
   check_cuda(cudaGetLastError(), "gemv launch");
+}
+}  // namespace
+
+void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
+          cudaStream_t stream) {
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0);
+}
+
+void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
+                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream) {
+  if (group_rows <= 0 || group_rows % 16 != 0 || w.rows % group_rows != 0 || group_x_stride < 0 ||
+      group_x_stride % 8 != 0)
+    throw Error(str_cat("cuda gemv_grouped: groups of ", group_rows, " rows with activation stride ", group_x_stride,
+                        " do not fit weight [", w.rows, ", ", w.cols, "] (rows a multiple of 16 dividing the weight's, ",
+                        "stride a multiple of 8)"));
+  const int64_t groups = w.rows / group_rows;
+  if ((groups - 1) * group_x_stride + w.cols > ldx)
+    throw Error(str_cat("cuda gemv_grouped: ", groups, " groups of ", w.cols, " columns at stride ", group_x_stride,
+                        " exceed the activation row of ", ldx));
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, group_rows, group_x_stride);
 }
 
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {

@@ -50,6 +50,12 @@ void require_supported_device();
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
           cudaStream_t stream);
 
+// Grouped form, one launch for a block-diagonal product such as the grouped output projection wo_a:
+// y[t, r] = sum_k x[t, g*group_x_stride + k] * W[r, k] with g = r / group_rows, for every r < w.rows
+// (group_rows a multiple of 16 dividing w.rows; the groups' column blocks must lie inside ldx).
+void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
+                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream);
+
 // Benchmark knobs. Kernel version: 2 (default) = cp.async-ring streaming kernels, 2-launch MoE with the
 // slot combine fused into w2; 1 = the first kernels (register loads, 4-launch MoE). Process-wide.
 void set_linear_kernel_version(int v);
