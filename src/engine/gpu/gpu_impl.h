@@ -57,7 +57,8 @@ struct StepMeta {
 struct Scratch {
   float *h, *res, *x, *y, *post, *comb, *qr, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
-  uint16_t* xb;
+  uint16_t* xb;             // bf16 activations of the linear at hand
+  uint16_t *xbx, *xbq;      // bf16 copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int64_t score_cols = 0, max_slots = 0;
@@ -115,7 +116,11 @@ struct GpuModel::Impl {
   void attention(int li, int T);
   void ffn(int li, int T);
   // y = x · Wᵀ: the weight-streaming GEMV (bf16 activations) where it applies, else the fp32 glue linear.
-  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
+  // xb: x already cast to bf16 (bf16_copy), or nullptr to cast here.
+  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
+           const uint16_t* xb = nullptr);
+  // x [n] cast to bf16 into buf, for several linears reading the same activations; nullptr in exact mode.
+  const uint16_t* bf16_copy(const float* x, int64_t n, uint16_t* buf);
   // y = x · Wᵀ over T rows of bf16 activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
   // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16).
   void gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);

@@ -17,13 +17,23 @@ bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
   return !opt.exact_linear && gemv_applies(wt);
 }
 
-void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy) {
+void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
+                          const uint16_t* xb) {
   if (!use_gemv(wt)) {
     glue::linear(wt.g, 0, wt.rows, x, T, ldx, y, ldy, stream);
     return;
   }
-  cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
-  gemv_rows(wt.d, s.xb, ldx, T, y, ldy);
+  if (!xb) {
+    cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
+    xb = s.xb;
+  }
+  gemv_rows(wt.d, xb, ldx, T, y, ldy);
+}
+
+const uint16_t* GpuModel::Impl::bf16_copy(const float* x, int64_t n, uint16_t* buf) {
+  if (opt.exact_linear) return nullptr;  // exact mode: every linear reads the fp32 x
+  cudalin::cast_f32_to_bf16(x, buf, n, stream);
+  return buf;
 }
 
 void GpuModel::Impl::gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
@@ -50,14 +60,17 @@ void GpuModel::Impl::attention(int li, int T) {
   const int64_t* pos = meta.dev(StepMeta::kPos);
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
-  lin(L.wq_a, s.x, D, T, s.qr, qlr);
+  // bf16 copies of x and of the normalized q_lora activations, each cast once for the linears that share it.
+  const uint16_t* xb = bf16_copy(s.x, static_cast<int64_t>(T) * D, s.xbx);
+  lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
   glue::rmsnorm_rows(s.qr, qlr, L.q_norm, T, qlr, eps, s.qr, qlr, stream);
-  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd);
+  const uint16_t* qrb = bf16_copy(s.qr, static_cast<int64_t>(T) * qlr, s.xbq);
+  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
   mark(li, "q");
 
   // The window row of each token, encoded into its ring slot (the query reads it back from there).
-  lin(L.wkv, s.x, D, T, s.kv, hd);
+  lin(L.wkv, s.x, D, T, s.kv, hd, xb);
   glue::rmsnorm_rows(s.kv, hd, L.kv_norm, T, hd, eps, s.kv, hd, stream);
   glue::heads_norm_rope(s.kv, T, 1, static_cast<int>(hd), pos, freq, n_freq, false, eps, false, stream);
   glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
@@ -108,7 +121,7 @@ void GpuModel::Impl::attention(int li, int T) {
     compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
              meta.dev(StepMeta::kKeyFirst), 0, Id);
     mark(li, "index.compress");
-    lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id);
+    lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
     glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     glue::linear(L.index_weights_proj.g, 0, IH, s.x, T, D, s.iw, IH, stream);
     glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
@@ -196,11 +209,12 @@ void GpuModel::Impl::ffn(int li, int T) {
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");
+  const uint16_t* xb = bf16_copy(s.x, static_cast<int64_t>(T) * D, s.xbx);  // shared by the expert GEMVs
   bool accumulate = false;
   if (L.has_shared) {
     const int64_t Is = L.sh_w1.rows;
-    lin(L.sh_w1, s.x, D, T, s.shg, Is);
-    lin(L.sh_w3, s.x, D, T, s.shu, Is);
+    lin(L.sh_w1, s.x, D, T, s.shg, Is, xb);
+    lin(L.sh_w3, s.x, D, T, s.shu, Is, xb);
     glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
     lin(L.sh_w2, s.shh, Is, T, s.y, D);
     accumulate = true;
@@ -208,11 +222,10 @@ void GpuModel::Impl::ffn(int li, int T) {
   }
   if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
     cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
-    cudalin::cast_f32_to_bf16(s.x, s.xb, T * D, stream);
     if (T <= 64)
-      cudalin::moe_decode(shape, L.experts, s.xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream);
+      cudalin::moe_decode(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream);
     else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")
-      cudalin::moe_prefill(shape, L.experts, s.xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
+      cudalin::moe_prefill(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
   } else {
     glue::moe_exact(L.experts_exact, D, I, K, limit, s.x, s.idx, s.wts, T, s.hexact, s.y, accumulate, stream);
   }
