@@ -127,6 +127,9 @@ TEST(CudaGemv, Grouped) {
   run_grouped(Kind::kFp8, 8, 128, 4096, 4096, 9, 22);   // the engine test models' wo_a
   run_grouped(Kind::kFp8, 3, 16, 256, 384, 64, 23);     // one tile per group, stride above the width
   run_grouped(Kind::kFp4, 4, 64, 512, 512, 2, 24);
+  cudalin::set_gemv_ksplit(32);  // split-K across blocks (grid.y > 1) whatever the device's SM count
+  run_grouped(Kind::kFp8, 8, 1024, 4096, 4096, 3, 25);
+  cudalin::set_gemv_ksplit(0);
   cudalin::Workspace ws = cudalin::workspace_create();
   cudalin::DevWeight bad{WeightFormat::kFP8Block, 100 * 16, 256, nullptr, nullptr, false};
   EXPECT_THROW(cudalin::gemv_grouped(bad, 24, 256, nullptr, 4096, 1, nullptr, 1600, ws, nullptr), Error);
