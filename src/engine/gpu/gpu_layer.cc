@@ -302,7 +302,16 @@ void GpuModel::Impl::run_step(int T) {
                                   sizeof(float) * D, cudaMemcpyDeviceToDevice, stream), "gather head rows");
     head_in = s.x;
   }
-  glue::linear(w.head.g, 0, c->vocab_size, head_in, n_out, D, s.logits, c->vocab_size, stream);
+  if (!opt.exact_linear && n_out >= 16 && w.head.g.fmt == glue::WFormat::kBF16) {
+    // Many rows: the fp32 glue linear would stream the 1 GB head once per 8 rows; cuBLAS on bf16
+    // activations reads it once (the head weight is bf16 already; the activation rounding is the same 2^-9
+    // the FP8/MXFP4 GEMVs apply, inside the kernel path's bound).
+    cudalin::cast_f32_to_bf16(head_in, s.xb, static_cast<int64_t>(n_out) * D, stream);
+    cudalin::gemm_bf16(s.xb, D, n_out, reinterpret_cast<const uint16_t*>(w.head.g.w), c->vocab_size, D, s.logits,
+                       c->vocab_size, stream);
+  } else {
+    glue::linear(w.head.g, 0, c->vocab_size, head_in, n_out, D, s.logits, c->vocab_size, stream);
+  }
   mark("head");
 }
 
