@@ -55,6 +55,7 @@ struct StepMeta {
 };
 
 struct Scratch {
+  // h and res: the hyper-connection streams [cap, hc_mult, hidden], used in turn (GpuModel::Impl::h_cur).
   float *h, *res, *x, *y, *post, *comb, *qr, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
   uint16_t* xb;             // bf16 activations of the linear at hand
@@ -80,6 +81,7 @@ struct GpuModel::Impl {
   const float *freq_window = nullptr, *freq_comp = nullptr;
   int n_freq = 0;
   StepMeta meta;
+  float* h_cur = nullptr;  // the current hyper-connection streams of the step: s.h or s.res (ping-pong)
   Scratch s{};
   cudalin::Workspace ws{};
   cudalin::MoeWorkspace moe_ws{};

@@ -242,7 +242,7 @@ void GpuModel::Impl::layer(int li, int T) {
     a.n_tokens = T;
     a.dim = D;
     a.n = n;
-    a.h = s.h;
+    a.h = h_cur;
     a.fn = hw.fn;
     a.base = hw.base;
     a.scale = hw.scale;
@@ -258,8 +258,11 @@ void GpuModel::Impl::layer(int li, int T) {
     mark(li, "hc_pre+norm");
   };
   auto post = [&]() {
-    cuda::check(cudaMemcpyAsync(s.res, s.h, sizeof(float) * T * n * D, cudaMemcpyDeviceToDevice, stream), "copy h");
-    cuda::hc_post(T, D, n, s.y, s.res, s.post, s.comb, s.h, stream);
+    // The streams ping-pong between s.h and s.res: hc_post reads the current ones as its residual and
+    // writes the new ones to the other buffer (no copy; it must not write its input in place).
+    float* next = h_cur == s.h ? s.res : s.h;
+    cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
+    h_cur = next;
     mark(li, "hc_post");
   };
   pre(L.hc_attn, L.attn_norm);
@@ -274,14 +277,15 @@ void GpuModel::Impl::run_step(int T) {
   const int64_t D = c->hidden_size;
   prof_n = 0;
   mark("start");
-  glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, s.h, stream);
+  h_cur = s.h;  // every step starts here, so a captured step replays the same buffer sequence
+  glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, h_cur, stream);
   mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);
   cuda::HcArgs a;
   a.n_tokens = T;
   a.dim = D;
   a.n = c->hc_mult;
-  a.h = s.h;
+  a.h = h_cur;
   a.fn = w.hc_head.fn;
   a.base = w.hc_head.base;
   a.scale = w.hc_head.scale;
