@@ -5,7 +5,9 @@
 // Not a test: numbers only (docs/PERFORMANCE.md).
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
-//                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43]
+//                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
+// --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
+//   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
 #include <cuda_runtime.h>
 #include <execinfo.h>
@@ -68,8 +70,8 @@ double copy_gbs() {
 struct FloorBytes {
   double per_layer = 0, head = 0;  // per_layer: mean over the layers
 };
-FloorBytes floor_bytes(const gpu::GpuModel& m, const Model& host) {
-  const ModelConfig& c = m.config();
+FloorBytes floor_bytes(const Model& host) {
+  const ModelConfig& c = host.config();  // the checkpoint's layers (not repeated)
   double layers = 0, head = 0, experts = 0;
   for (const auto& [name, t] : host.checkpoint().tensors()) {
     if (name.rfind("mtp.", 0) == 0) continue;
@@ -104,7 +106,7 @@ double now_s() {
 int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
-  int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0;
+  int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -120,6 +122,7 @@ int main(int argc, char** argv) {
     else if (a == "--prefill") prefills = parse_list(next());
     else if (a == "--full-layers") full_layers = std::atoi(next().c_str());
     else if (a == "--prefill-chunk") prefill_chunk = std::atoi(next().c_str());
+    else if (a == "--repeat-layers") repeat_layers = std::atoi(next().c_str());
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }
@@ -135,18 +138,19 @@ int main(int argc, char** argv) {
     o.progress = true;
     o.poison = false;
     o.prefill_chunk = prefill_chunk;
+    o.repeat_layers = repeat_layers;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,
                 m->state_bytes() / 1e9);
     EngineOptions eo;
     auto host = Model::load(model, eo);
-    const ModelConfig& c = m->config();
-    const FloorBytes fb = floor_bytes(*m, *host);
+    const ModelConfig c = m->config();  // a copy: the model is released before the profile section
+    const FloorBytes fb = floor_bytes(*host);
     host.reset();
     const int L = c.num_hidden_layers;
-    std::printf("copy bandwidth %.0f GB/s; batch-1 weight bytes per layer %.1f MB, head+norms %.1f MB\n", bw,
-                fb.per_layer / 1e6, fb.head / 1e6);
+    std::printf("copy bandwidth %.0f GB/s; batch-1 weight bytes per layer %.1f MB, head+norms %.1f MB; %d layers "
+                "on the device (%dx the checkpoint's)\n", bw, fb.per_layer / 1e6, fb.head / 1e6, L, repeat_layers);
 
     std::printf("\n| batch | context | ms/step (graphs) | tok/s | per layer ms (eager profile) | head ms |\n"
                 "| --- | --- | --- | --- | --- | --- |\n");

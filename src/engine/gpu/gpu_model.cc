@@ -204,6 +204,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   if (opt.max_model_len < 1) fail("GPU engine: max_model_len must be >= 1");
   if (opt.prefill_chunk < 0 || opt.prefill_chunk > 8192)
     fail("GPU engine: prefill_chunk must be in 0..8192 (got ", opt.prefill_chunk, ")");
+  if (opt.repeat_layers < 1 || opt.repeat_layers > 1024)
+    fail("GPU engine: repeat_layers must be in 1..1024 (got ", opt.repeat_layers, ")");
   std::unique_ptr<GpuModel> m(new GpuModel());
   m->opt_ = opt;
   EngineOptions eo;
@@ -232,15 +234,30 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   check_fits(plan_memory(*m->host_), opt.max_model_len, opt.max_seqs, free_b,
              std::string(prop.name) + " (" + dc.arch + ", free memory)");
 
+  // The config the device runs: the checkpoint's, with its main layers repeated for repeat_layers.
+  m->cfg_ = c;
+  if (opt.repeat_layers > 1) {
+    const int L = c.num_hidden_layers;
+    std::vector<int> ratios;
+    for (int k = 0; k < opt.repeat_layers; ++k)
+      ratios.insert(ratios.end(), c.compress_ratios.begin(), c.compress_ratios.begin() + L);
+    ratios.insert(ratios.end(), c.compress_ratios.begin() + L, c.compress_ratios.end());  // MTP layers
+    m->cfg_.compress_ratios = ratios;
+    m->cfg_.num_hidden_layers = L * opt.repeat_layers;
+  }
   m->impl_ = std::make_unique<Impl>();
   Impl& im = *m->impl_;
-  im.c = &m->host_->config();
+  im.c = &m->cfg_;
   im.opt = opt;
   cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   im.w.upload(m->host_->weights(), c, opt.progress);
+  if (opt.repeat_layers > 1) {  // copies of the layer views, same device memory
+    const std::vector<DevLayer> base = im.w.layers;
+    for (int k = 1; k < opt.repeat_layers; ++k) im.w.layers.insert(im.w.layers.end(), base.begin(), base.end());
+  }
   const int chunk = std::max(1, opt.prefill_chunk);
   im.cap_tokens = opt.max_seqs + (chunk > 1 ? chunk : 0);
-  im.st = std::make_unique<DeviceState>(c, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison,
+  im.st = std::make_unique<DeviceState>(m->cfg_, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison,
                                         ring_rows(c.sliding_window, chunk));
   const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
   im.n_freq = static_cast<int>(fw.size());

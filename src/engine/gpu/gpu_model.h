@@ -42,6 +42,10 @@ struct GpuOptions {
   // Benchmarks: record a CUDA event after every operation of a step (implies eager launches);
   // step_profile_ms() reads them.
   bool profile_layers = false;
+  // Benchmarks: run the checkpoint's layers this many times over (the copies share the device weights,
+  // each has its own state), so a checkpoint of a few full-width layers measures a model of as many layers
+  // as the device holds state for. 1 = the checkpoint as it is.
+  int repeat_layers = 1;
 };
 
 struct SlotPool;
@@ -79,7 +83,8 @@ class GpuModel {
   static std::unique_ptr<GpuModel> load(const std::string& dir, const GpuOptions& opt = {});
   ~GpuModel();
 
-  const ModelConfig& config() const { return host_->config(); }
+  // The checkpoint's config (with repeat_layers: its layers repeated).
+  const ModelConfig& config() const { return cfg_; }
   const GpuOptions& options() const { return opt_; }
   size_t weight_bytes() const;
   size_t state_bytes() const;
@@ -99,6 +104,7 @@ class GpuModel {
  private:
   GpuModel() = default;
   std::unique_ptr<Model> host_;  // checkpoint mmap, bound weights, config
+  ModelConfig cfg_;
   GpuOptions opt_;
   std::unique_ptr<Impl> impl_;
 };
