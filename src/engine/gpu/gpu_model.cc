@@ -231,8 +231,12 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   cuda::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   cudaDeviceProp prop{};
   cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  check_fits(plan_memory(*m->host_), opt.max_model_len, opt.max_seqs, free_b,
-             std::string(prop.name) + " (" + dc.arch + ", free memory)");
+  MemoryPlan plan = plan_memory(*m->host_);
+  if (opt.repeat_layers > 1) {  // the state of every repeated layer (the weights are shared)
+    plan.kv_bytes_per_token *= opt.repeat_layers;
+    plan.kv_fixed_per_sequence *= static_cast<size_t>(opt.repeat_layers);
+  }
+  check_fits(plan, opt.max_model_len, opt.max_seqs, free_b, std::string(prop.name) + " (" + dc.arch + ", free memory)");
 
   // The config the device runs: the checkpoint's, with its main layers repeated for repeat_layers.
   m->cfg_ = c;

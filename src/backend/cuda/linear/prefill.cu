@@ -67,13 +67,28 @@ __global__ void dequant_fp4_kernel(const uint8_t* w, const uint8_t* s, int64_t r
   }
 }
 
-cublasHandle_t handle() {
-  static thread_local cublasHandle_t h = [] {
-    cublasHandle_t x = nullptr;
-    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
+// One handle per thread with a workspace of its own (32 MiB, NVIDIA's recommendation for Hopper), set again
+// after every cublasSetStream (which resets it to cuBLAS's pool): a GEMM inside a captured CUDA graph (the
+// engine's LM head at batch >= 16) then never allocates during capture. Callers issue on one stream at a time.
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  void* ws = nullptr;
+};
+Cublas& cublas() {
+  static thread_local Cublas c = [] {
+    Cublas x;
+    if (cublasCreate(&x.h) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
+    check_cuda(cudaMalloc(&x.ws, kCublasWorkspace), "cuBLAS workspace");
     return x;
   }();
-  return h;
+  return c;
+}
+cublasHandle_t handle(cudaStream_t stream) {
+  Cublas& c = cublas();
+  if (cublasSetStream(c.h, stream) != CUBLAS_STATUS_SUCCESS) throw Error("cublasSetStream failed");
+  if (cublasSetWorkspace(c.h, c.ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) throw Error("cublasSetWorkspace failed");
+  return c.h;
 }
 
 }  // namespace
@@ -103,8 +118,7 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* wbf16,
   // op(A) = W (A = W stored col-major cols x rows, transposed) and B = x (cols x M, leading dimension ldx);
   // Y has leading dimension ldy.
   const float alpha = 1.f, beta = 0.f;
-  cublasHandle_t h = handle();
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS) throw Error("cublasSetStream failed");
+  cublasHandle_t h = handle(stream);
   const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
                                          static_cast<int>(cols), &alpha, wbf16, CUDA_R_16BF, static_cast<int>(cols), x,
                                          CUDA_R_16BF, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
