@@ -4,11 +4,10 @@
 //   exact mode (fp32 activations), f32 KV: greedy decoding from the prompt reproduces all 256 tokens, logits
 //     within 5e-4 of the largest reference logit (the CPU forward reaches 6e-7 on this fixture; the GPU
 //     differs from it by summation order only, ~1e-6);
-//   kernel mode (bf16 activations in the FP8/MXFP4 GEMVs), f32 KV, teacher-forced with the reference tokens:
-//     reported, with only a sanity bound (finite, below 1): this fixture makes discrete choices (8 experts
-//     pick 2, the indexer keeps 16 of up to 139 entries) that a 2^-9 activation perturbation flips (its own
-//     bf16-KV reference moves by 0.22), so no tight bound exists; test_gpu_model.cc bounds the kernel path on
-//     a model whose selections keep everything.
+// The kernel path (bf16 activations) is not compared here: this fixture's discrete choices (8 experts pick 2,
+// the indexer keeps 16 of up to 139 entries) flip under a 2^-9 perturbation (its own bf16-KV reference moves
+// by 0.22), so no bound would hold; test_gpu_model.cc bounds the kernel path on a model whose selections keep
+// everything.
 // SKIPs without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -32,37 +31,35 @@ struct GpuRun {
   int64_t greedy_agree = 0;   // leading generated tokens equal to the reference's
 };
 
-// Prompt, then one step per reference token: `greedy` feeds our own argmax (stops feeding when it departs),
-// otherwise the reference's token (teacher forcing).
-GpuRun run(const GoldenFixture& f, const gpu::GpuOptions& o, bool greedy) {
+// Prompt, then greedy decoding: each step feeds the device's own greedy token, until it departs from the
+// reference's continuation.
+GpuRun run(const GoldenFixture& f, const gpu::GpuOptions& o) {
   auto m = gpu::GpuModel::load(f.dir, o);
   auto seq = m->new_sequence();
   std::vector<gpu::GpuSeqChunk> b(1);
   b[0].seq = seq.get();
   b[0].tokens.assign(f.ids.begin(), f.ids.begin() + f.prefill);
   GpuRun r;
-  bool departed = false;
   for (int64_t t = f.prefill; t < f.seq_len; ++t) {
     auto out = m->forward(b);
     if (t < f.seq_len - 1) r.logits.insert(r.logits.end(), out[0].logits.begin(), out[0].logits.end());
     const int32_t next = b[0].next_token;
     EXPECT_EQ(next, testing::argmax_row(out[0].logits.data(), f.vocab)) << "device draw vs host argmax, t " << t;
-    if (!departed && next == f.ids[t]) ++r.greedy_agree;
-    else departed = true;
-    if (greedy && departed) break;
-    b[0].tokens = {f.ids[t]};
+    if (next != f.ids[t]) break;
+    ++r.greedy_agree;
+    b[0].tokens = {next};
   }
   return r;
 }
 
-// Max |a - ref| / max |ref| over the rows both have; argmax differences that are not near ties.
-void compare(const char* what, const GpuRun& r, const GoldenFixture& f, double bound, bool require_argmax) {
+// Max |a - ref| / max |ref| over the rows both have, and identical argmax at every row.
+void compare(const char* what, const GpuRun& r, const GoldenFixture& f, double bound) {
   const std::vector<float>& ref = f.decode(false);
   double scale = 0;
   for (float v : ref) scale = std::max(scale, static_cast<double>(std::fabs(v)));
   const int64_t rows = static_cast<int64_t>(std::min(r.logits.size(), ref.size())) / f.vocab;
   double worst = 0;
-  int64_t differ = 0, unexplained = 0;
+  int64_t differ = 0;
   for (int64_t k = 0; k < rows; ++k) {
     const float* g = &r.logits[k * f.vocab];
     const float* c = &ref[k * f.vocab];
@@ -72,55 +69,42 @@ void compare(const char* what, const GpuRun& r, const GoldenFixture& f, double b
       e = std::isfinite(d) ? std::max(e, d) : INFINITY;
     }
     if (!(e <= worst)) worst = e;
-    const int32_t ga = testing::argmax_row(g, f.vocab), ca = testing::argmax_row(c, f.vocab);
-    if (ga != ca) {
-      ++differ;
-      if (!(c[ca] - c[ga] <= 2 * bound * scale)) ++unexplained;
-    }
+    differ += testing::argmax_row(g, f.vocab) != testing::argmax_row(c, f.vocab);
   }
   worst /= scale;
-  std::printf("%s: %lld rows, max logit error %.3e of max |logit|, argmax differs at %lld rows (%lld not near "
-              "ties), greedy continuation %lld of %lld tokens\n", what, static_cast<long long>(rows), worst,
-              static_cast<long long>(differ), static_cast<long long>(unexplained),
+  std::printf("%s: %lld rows, max logit error %.3e of max |logit|, argmax differs at %lld rows, greedy continuation "
+              "%lld of %lld tokens\n", what, static_cast<long long>(rows), worst, static_cast<long long>(differ),
               static_cast<long long>(r.greedy_agree), static_cast<long long>(f.seq_len - f.prefill));
   EXPECT_LE(worst, bound) << what;
-  if (require_argmax) {
-    EXPECT_EQ(unexplained, 0) << what;
-  }
+  EXPECT_EQ(differ, 0) << what;
 }
 
-gpu::GpuOptions options(bool exact) {
+// Exact mode (fp32 activations), f32 KV, like the reference.
+gpu::GpuOptions exact_options() {
   gpu::GpuOptions o;
   o.kv_dtype = KvDtype::kF32;
   o.max_seqs = 1;
   o.max_model_len = 1024;
-  o.exact_linear = exact;
+  o.exact_linear = true;
   return o;
 }
 
 TEST(GpuGolden, ExactModeReproducesTheReferenceGreedyContinuation) {
   DSV4_REQUIRE_GPU();
   const GoldenFixture f = GoldenFixture::load("kernel_width");
-  const GpuRun r = run(f, options(true), true);
-  compare("kernel_width, GPU exact mode, f32 KV, greedy", r, f, 5e-4, true);
+  const GpuRun r = run(f, exact_options());
+  compare("kernel_width, GPU exact mode, f32 KV, greedy", r, f, 5e-4);
   EXPECT_EQ(r.greedy_agree, f.seq_len - f.prefill) << "greedy continuation departs from transformers'";
 }
 
 TEST(GpuGolden, ExactModeChunkedPrefillReproducesTheReference) {
   DSV4_REQUIRE_GPU();
   const GoldenFixture f = GoldenFixture::load("kernel_width");
-  gpu::GpuOptions o = options(true);
+  gpu::GpuOptions o = exact_options();
   o.prefill_chunk = 100;
-  const GpuRun r = run(f, o, true);
-  compare("kernel_width, GPU exact mode, chunked prefill 100, f32 KV, greedy", r, f, 5e-4, true);
+  const GpuRun r = run(f, o);
+  compare("kernel_width, GPU exact mode, chunked prefill 100, f32 KV, greedy", r, f, 5e-4);
   EXPECT_EQ(r.greedy_agree, f.seq_len - f.prefill);
-}
-
-TEST(GpuGolden, KernelsAgainstTheReferenceTeacherForced) {
-  DSV4_REQUIRE_GPU();
-  const GoldenFixture f = GoldenFixture::load("kernel_width");
-  compare("kernel_width, GPU kernels, f32 KV, teacher-forced (information)", run(f, options(false), false), f, 1.0,
-          false);
 }
 
 }  // namespace

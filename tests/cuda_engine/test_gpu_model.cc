@@ -85,6 +85,17 @@ struct GreedyRun {
   std::vector<int32_t> tokens;
 };
 
+// max |a - b| / max |b| over one logits row; NaN or inf in a gives inf (std::max would drop a NaN).
+double row_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double mx = 0, err = 0;
+  for (size_t v = 0; v < b.size(); ++v) {
+    mx = std::max(mx, std::fabs(static_cast<double>(b[v])));
+    const double d = std::fabs(static_cast<double>(a[v]) - b[v]);
+    err = std::isfinite(d) ? std::max(err, d) : INFINITY;
+  }
+  return err / std::max(mx, 1e-30);
+}
+
 class GpuEngine : public ::testing::Test {
  protected:
   static std::string dir_[2];  // [0] continuous, [1] selective
@@ -175,37 +186,27 @@ class GpuEngine : public ::testing::Test {
   }
 
   // Max over steps of |a - b| / max |b| (rows computed from identical inputs: teacher forcing), and the
-  // steps where the argmax differs. With logits within `bound` * max|b| of the CPU's, the argmax can differ
-  // only where the CPU's top two logits are within 2 * bound * max|b| (a near tie); require_argmax fails on
-  // any other difference, i.e. on a choice the stated precision does not explain. Returns the worst error.
+  // steps where the argmax differs. require_argmax: the argmax must be identical at every step (exact mode).
+  // Without it the count is reported only: once the logits are within `bound` * max|b|, an argmax can differ
+  // only where the CPU's top two logits are within 2 * bound * max|b|, so the bound is the assertion.
   static double compare(const char* what, const std::vector<GreedyRun>& g, const std::vector<GreedyRun>& c,
                         double bound, bool require_argmax) {
     double worst_all = 0;
     for (size_t i = 0; i < g.size(); ++i) {
-      size_t differ = 0, unexplained = 0, first_differ = g[i].tokens.size();
+      size_t differ = 0, first_differ = g[i].tokens.size();
       double worst = 0;
       size_t worst_k = 0;
       for (size_t k = 0; k < g[i].logits.size(); ++k) {
-        double mx = 0, err = 0;
-        for (size_t v = 0; v < c[i].logits[k].size(); ++v) {
-          mx = std::max(mx, std::fabs(static_cast<double>(c[i].logits[k][v])));
-          const double d = std::fabs(static_cast<double>(g[i].logits[k][v]) - c[i].logits[k][v]);
-          err = std::isfinite(d) ? std::max(err, d) : INFINITY;  // std::max would drop a NaN
-        }
-        const double rel = err / std::max(mx, 1e-30);
+        const double rel = row_error(g[i].logits[k], c[i].logits[k]);
         if (!(rel <= worst)) worst = rel, worst_k = k;  // NaN propagates into worst
-        if (g[i].tokens[k] != c[i].tokens[k]) {
-          if (differ++ == 0) first_differ = k;
-          const double margin = static_cast<double>(c[i].logits[k][c[i].tokens[k]]) - c[i].logits[k][g[i].tokens[k]];
-          if (!(margin <= 2 * bound * mx)) ++unexplained;
-        }
+        if (g[i].tokens[k] != c[i].tokens[k] && differ++ == 0) first_differ = k;
       }
       std::printf("%s seq %zu (prompt %zu): max logit error %.3e (step %zu), argmax differs at %zu of %zu steps"
-                  " (first %zu), %zu of them not near ties\n", what, i, prompts_[i].size(), worst, worst_k, differ,
-                  g[i].tokens.size(), first_differ, unexplained);
+                  " (first %zu)\n", what, i, prompts_[i].size(), worst, worst_k, differ, g[i].tokens.size(),
+                  first_differ);
       EXPECT_LE(worst, bound) << what << " seq " << i;
       if (require_argmax) {
-        EXPECT_EQ(unexplained, 0u) << what << " seq " << i;
+        EXPECT_EQ(differ, 0u) << what << " seq " << i;
       }
       if (!(worst <= worst_all)) worst_all = worst;
     }
@@ -259,14 +260,7 @@ TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
 double kv_quantization_effect(const char* what, const std::vector<GreedyRun>& kv_run, const std::vector<GreedyRun>& f32_run) {
   double d = 0;
   for (size_t i = 0; i < kv_run.size(); ++i)
-    for (size_t k = 0; k < kv_run[i].logits.size(); ++k) {
-      double mx = 0, err = 0;
-      for (size_t v = 0; v < f32_run[i].logits[k].size(); ++v) {
-        mx = std::max(mx, std::fabs(static_cast<double>(f32_run[i].logits[k][v])));
-        err = std::max(err, std::fabs(static_cast<double>(kv_run[i].logits[k][v]) - f32_run[i].logits[k][v]));
-      }
-      d = std::max(d, err / std::max(mx, 1e-30));
-    }
+    for (size_t k = 0; k < kv_run[i].logits.size(); ++k) d = std::max(d, row_error(kv_run[i].logits[k], f32_run[i].logits[k]));
   std::printf("%s: d_q (CPU, this KV dtype vs f32 KV) = %.3e\n", what, d);
   return d;
 }
@@ -279,7 +273,7 @@ TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
     const auto& f32 = cpu(0, KvDtype::kF32);
     const auto& c = cpu(0, kv);
     const double dq = kv_quantization_effect(name, c, f32);
-    compare(name, gpu(0, test_options(kv, true), f32), c, 5e-4 + 2 * dq, true);
+    compare(name, gpu(0, test_options(kv, true), f32), c, 5e-4 + 2 * dq, false);
   }
 }
 
@@ -291,12 +285,13 @@ TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
 // <= 2^-9 relative with random sign, so one GEMV output moves by ~2^-9/sqrt(3) = 1.1e-3 in norm
 // (docs/GEMM_MOE.md). Per layer about 8 such GEMVs feed the residual streams (wq_a, wq_b, wkv, wo_a, wo_b,
 // indexer wq_b, shared expert, routed experts), 4 layers: ~sqrt(32) * 1.1e-3 = 6e-3 if independent; the
-// bound 2e-2 allows 3x on top. The argmax may differ only at a near tie (measured on the H200 over 256
-// teacher-forced steps: 1-5 steps per sequence, all with the CPU's top two logits within 2e-2 * max).
+// bound 2e-2 allows 3x on top. Within that bound the argmax can differ only at near ties (measured on the
+// H200 over 256 teacher-forced steps: 1-5 such steps per sequence), so the bound is the assertion; exact
+// mode requires identical argmax everywhere.
 TEST_F(GpuEngine, KernelsF32KvMatchCpu) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(0, KvDtype::kF32);
-  compare("continuous model, kernels, f32 KV vs CPU f32 KV:", gpu(0, test_options(KvDtype::kF32), c), c, 2e-2, true);
+  compare("continuous model, kernels, f32 KV vs CPU f32 KV:", gpu(0, test_options(KvDtype::kF32), c), c, 2e-2, false);
 }
 
 // Dense FP8 GEMV kernels only (routed experts through the fp32 glue): isolates the MoE kernel's share.
@@ -304,7 +299,7 @@ TEST_F(GpuEngine, DenseKernelsF32KvMatchCpu) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(0, KvDtype::kF32);
   compare("continuous model, dense kernels, exact MoE, f32 KV vs CPU f32 KV:",
-          gpu(0, test_options(KvDtype::kF32, false, true), c), c, 2e-2, true);
+          gpu(0, test_options(KvDtype::kF32, false, true), c), c, 2e-2, false);
 }
 
 // Rounding KV formats with the kernels: the 2e-2 of the kernel path plus the KV-flip allowance above.
@@ -316,7 +311,7 @@ TEST_F(GpuEngine, KernelsBf16Fp8KvMatchCpu) {
     const auto& f32 = cpu(0, KvDtype::kF32);
     const auto& c = cpu(0, kv);
     const double dq = kv_quantization_effect(name, c, f32);
-    compare(name, gpu(0, test_options(kv), f32), c, 2e-2 + 2 * dq, true);
+    compare(name, gpu(0, test_options(kv), f32), c, 2e-2 + 2 * dq, false);
   }
 }
 
@@ -341,7 +336,7 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 // chunks of 200 (above 64 tokens per step) take dequantize + cuBLAS for the linears and the grouped MoE
 // prefill GEMM.
 // Same functions as the token-by-token path, so the same bounds: exact mode on the selective model (5e-4,
-// argmax identical), kernels on the continuous model (2e-2).
+// argmax identical at every step), kernels on the continuous model (2e-2).
 TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
   DSV4_REQUIRE_GPU();
   for (int chunk : {48, 200}) {
@@ -358,7 +353,7 @@ TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
     const double dq = kv_quantization_effect("continuous model, fp8 KV", c8, f32);
     compare(chunk == 48 ? "continuous model, kernels, chunked prefill 48, fp8 KV vs CPU fp8 KV:"
                         : "continuous model, kernels, chunked prefill 200, fp8 KV vs CPU fp8 KV:",
-            gpu(0, kern, f32), c8, 2e-2 + 2 * dq, true);
+            gpu(0, kern, f32), c8, 2e-2 + 2 * dq, false);
   }
 }
 
@@ -414,30 +409,17 @@ TEST_F(GpuEngine, BatchOf16MatchesCpuAndGraphsMatchEager) {
   };
   const auto g = gpu_runs(true), e = gpu_runs(false);
   double worst = 0;
-  int64_t differ = 0, unexplained = 0, rows_differ = 0;
+  int64_t differ = 0, rows_differ = 0;
   for (int i = 0; i < kSeqs; ++i)
     for (int k = 0; k < kGen; ++k) {
-      const auto& gl = g[i].logits[k];
-      const auto& cl = cpu_runs[i].logits[k];
-      rows_differ += std::memcmp(gl.data(), e[i].logits[k].data(), gl.size() * sizeof(float)) != 0;
-      double mx = 0, err = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        mx = std::max(mx, std::fabs(static_cast<double>(cl[v])));
-        const double d = std::fabs(static_cast<double>(gl[v]) - cl[v]);
-        err = std::isfinite(d) ? std::max(err, d) : INFINITY;
-      }
-      worst = std::max(worst, err / std::max(mx, 1e-30));
-      if (g[i].tokens[k] != cpu_runs[i].tokens[k]) {
-        ++differ;
-        if (!(cl[cpu_runs[i].tokens[k]] - cl[g[i].tokens[k]] <= 2 * 2e-2 * mx)) ++unexplained;
-      }
+      rows_differ += std::memcmp(g[i].logits[k].data(), e[i].logits[k].data(), g[i].logits[k].size() * sizeof(float)) != 0;
+      worst = std::max(worst, row_error(g[i].logits[k], cpu_runs[i].logits[k]));
+      differ += g[i].tokens[k] != cpu_runs[i].tokens[k];
     }
   std::printf("continuous model, kernels, 16 sequences (cuBLAS head in graphs) vs CPU: max logit error %.3e, argmax "
-              "differs at %lld of %d rows (%lld not near ties); graphs vs eager: %lld rows differ\n", worst,
-              static_cast<long long>(differ), kSeqs * kGen, static_cast<long long>(unexplained),
-              static_cast<long long>(rows_differ));
+              "differs at %lld of %d rows (near ties within the bound); graphs vs eager: %lld rows differ\n", worst,
+              static_cast<long long>(differ), kSeqs * kGen, static_cast<long long>(rows_differ));
   EXPECT_LE(worst, 2e-2);
-  EXPECT_EQ(unexplained, 0);
   EXPECT_EQ(rows_differ, 0);
 }
 
