@@ -25,6 +25,18 @@ import torch
 
 torch.set_grad_enabled(False)
 
+# The fields every fixture shares (mHC, RoPE/YaRN, tokens ids, dtypes, the official quantization block),
+# appended after each config's own fields so config.json keeps its key order.
+COMMON_TAIL = dict(
+    hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+    rope_theta=10000.0, compress_rope_theta=160000.0,
+    rope_scaling=dict(type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1),
+    max_position_embeddings=1048576, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
+    tie_word_embeddings=False, torch_dtype="bfloat16", expert_dtype="fp4",
+    quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0",
+                             weight_block_size=[128, 128], activation_scheme="dynamic"),
+)
+
 CONFIGS = {
     # Every layer kind, hash layers, top-k smaller than the number of compressed entries, several HCA
     # windows (520 tokens -> 4 windows of 128), hc_mult 4 with 20 Sinkhorn iterations.
@@ -39,13 +51,7 @@ CONFIGS = {
             num_hash_layers=2, swiglu_limit=10.0, hidden_act="silu",
             index_n_heads=16, index_head_dim=128, index_topk=8, sliding_window=128,
             compress_ratios=[0, 4, 128, 4, 128, 4, 0],
-            hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
-            rope_theta=10000.0, compress_rope_theta=160000.0,
-            rope_scaling=dict(type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1),
-            max_position_embeddings=1048576, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
-            tie_word_embeddings=False, torch_dtype="bfloat16", expert_dtype="fp4",
-            quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0",
-                                     weight_block_size=[128, 128], activation_scheme="dynamic"),
+            **COMMON_TAIL,
         )),
     # A short window so the ring wraps many times, CSA first, HCA with a small ratio count, top-k 16.
     "small_window": dict(
@@ -59,13 +65,7 @@ CONFIGS = {
             num_hash_layers=1, swiglu_limit=10.0, hidden_act="silu",
             index_n_heads=16, index_head_dim=64, index_topk=16, sliding_window=16,
             compress_ratios=[4, 128, 4, 0, 0],
-            hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
-            rope_theta=10000.0, compress_rope_theta=160000.0,
-            rope_scaling=dict(type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1),
-            max_position_embeddings=1048576, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
-            tie_word_embeddings=False, torch_dtype="bfloat16", expert_dtype="fp4",
-            quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0",
-                                     weight_block_size=[128, 128], activation_scheme="dynamic"),
+            **COMMON_TAIL,
         )),
     # The attention widths the CUDA kernels are built for (64 heads x 512 with 64 RoPE dims, indexer 64 x 128,
     # expert and hidden sizes multiples of 128), so the GPU engine can run this fixture too; 64 indexer heads
@@ -82,13 +82,7 @@ CONFIGS = {
             num_hash_layers=1, swiglu_limit=10.0, hidden_act="silu",
             index_n_heads=64, index_head_dim=128, index_topk=16, sliding_window=64,
             compress_ratios=[4, 128],
-            hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
-            rope_theta=10000.0, compress_rope_theta=160000.0,
-            rope_scaling=dict(type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1),
-            max_position_embeddings=1048576, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
-            tie_word_embeddings=False, torch_dtype="bfloat16", expert_dtype="fp4",
-            quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0",
-                                     weight_block_size=[128, 128], activation_scheme="dynamic"),
+            **COMMON_TAIL,
         )),
 }
 
