@@ -19,34 +19,27 @@ rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machin
   > "$FINAL/build.log" 2>&1 || { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$FINAL/gpu.txt" 2>&1
 
-views=$(find $B -name test_gpu_kernel_views -type f -perm -u+x | head -1)
-"$views" > "$FINAL/test_gpu_kernel_views.log" 2>&1
-rc_views=$?
-exe=$(find $B -name test_gpu_model -type f -perm -u+x | head -1)
-OMP_NUM_THREADS=$JOBS "$exe" ${ENGINE_FILTER:+--gtest_filter="$ENGINE_FILTER"} > "$FINAL/test_gpu_model.log" 2>&1
-rc=$?
+# run_test BINARY TITLE PATTERN LINES [args...]: runs one test binary (log in $FINAL), prints TITLE with its
+# exit code and the first LINES log lines matching PATTERN; a failure fails the script.
+status=0
+run_test() {
+  local name=$1 title=$2 pattern=$3 lines=$4
+  shift 4
+  local exe
+  exe=$(find $B -name "$name" -type f -perm -u+x | head -1)
+  OMP_NUM_THREADS=$JOBS "$exe" "$@" > "$FINAL/$name.log" 2>&1
+  local rc=$?
+  echo "== $title (rc=$rc)"
+  grep -E "$pattern" "$FINAL/$name.log" | head -"$lines"
+  [ $rc -ne 0 ] && status=1
+}
 echo "== $(date -u +%F) $(tail -1 "$FINAL/gpu.txt")"
-grep -E "DSV4_TEST_SEED|vs CPU|vs eager|decode \(|Failure|Expected|Which is|error|exception|what\(\)|^\[  |^\[ RUN|OK \]|FAILED" "$FINAL/test_gpu_model.log" | head -80
-echo "== kernel views (rc=$rc_views)"
-grep -E "vs|Failure|^\[  " "$FINAL/test_gpu_kernel_views.log" | head -40
-gg=$(find $B -name test_gpu_golden -type f -perm -u+x | head -1)
-"$gg" > "$FINAL/test_gpu_golden.log" 2>&1
-rc_gg=$?
-echo "== GPU vs transformers golden fixture (rc=$rc_gg)"
-grep -E "kernel_width|Failure|Expected|Which is|exception|^\[  " "$FINAL/test_gpu_golden.log" | head -14
-[ $rc_gg -ne 0 ] && rc_views=1
-gl=$(find $B -name test_glue_linear -type f -perm -u+x | head -1)
-"$gl" > "$FINAL/test_glue_linear.log" 2>&1
-rc_gl=$?
-echo "== glue linear (rc=$rc_gl)"
-grep -E "rows|Failure|^\[  " "$FINAL/test_glue_linear.log" | head -14
-[ $rc_gl -ne 0 ] && rc_views=1
-sample=$(find $B -name test_gpu_sample -type f -perm -u+x | head -1)
-"$sample" > "$FINAL/test_gpu_sample.log" 2>&1
-rc_sample=$?
-echo "== GPU sampler (rc=$rc_sample)"
-grep -E "checked|chi|Failure|Expected|Which is|exception|^\[  " "$FINAL/test_gpu_sample.log" | head -30
-echo "rc=$rc"
-[ $rc_sample -ne 0 ] && rc=1
-[ $rc_views -ne 0 ] && rc=1
-exit $rc
+run_test test_gpu_model "GPU engine vs CPU" \
+  "DSV4_TEST_SEED|vs CPU|vs eager|decode \(|Failure|Expected|Which is|error|exception|what\(\)|^\[  |^\[ RUN|OK \]|FAILED" 80 \
+  ${ENGINE_FILTER:+--gtest_filter="$ENGINE_FILTER"}
+run_test test_gpu_kernel_views "kernel views" "vs|Failure|^\[  " 40
+run_test test_gpu_golden "GPU vs transformers golden fixture" "kernel_width|Failure|Expected|Which is|exception|^\[  " 14
+run_test test_glue_linear "glue linear" "rows|Failure|^\[  " 14
+run_test test_gpu_sample "GPU sampler" "checked|chi|Failure|Expected|Which is|exception|^\[  " 30
+echo "rc=$status"
+exit $status
