@@ -11,7 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/moe.h"
 #include "linear_test_util.h"
+#include "model/config.h"
 
 namespace dsv4::lintest {
 
@@ -75,6 +77,20 @@ inline std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& 
     }
   }
   return out;
+}
+
+// The engine's CPU MoE (cpu::moe_forward, routed experts only) on the same experts and routes, in double.
+inline std::vector<double> cpu_moe(const cudalin::MoeShape& s, const Experts& X, const std::vector<float>& x, int T,
+                                   const std::vector<int32_t>& idx, const std::vector<float>& wts) {
+  ModelConfig c;
+  c.hidden_size = s.hidden, c.n_routed_experts = s.n_experts, c.num_experts_per_tok = s.top_k;
+  c.moe_intermediate_size = s.inter, c.swiglu_limit = s.swiglu_limit;
+  LayerWeights L;
+  L.experts = X.views;
+  L.has_shared = false;
+  std::vector<float> out(size_t(T) * s.hidden);
+  cpu::moe_forward(c, L, x.data(), T, idx.data(), wts.data(), out.data());
+  return std::vector<double>(out.begin(), out.end());
 }
 
 // The small MoE shape both tests use besides V4-Flash width (every tile path, quick float64 model).

@@ -60,15 +60,7 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
   cudalin::moe_workspace_destroy(ws);
 
   // The engine's CPU MoE.
-  ModelConfig c;
-  c.hidden_size = s.hidden, c.n_routed_experts = s.n_experts, c.num_experts_per_tok = s.top_k;
-  c.moe_intermediate_size = s.inter, c.swiglu_limit = s.swiglu_limit;
-  LayerWeights L;
-  L.experts = X.views;
-  L.has_shared = false;
-  std::vector<float> cpu_out(size_t(T) * s.hidden);
-  cpu::moe_forward(c, L, xf.data(), T, idx.data(), wts.data(), cpu_out.data());
-  const std::vector<double> cpu_d(cpu_out.begin(), cpu_out.end());
+  const std::vector<double> cpu_d = cpu_moe(s, X, xf, T, idx, wts);
   const std::vector<double> model = model_moe(s, X, xf, T, idx, wts);
   const std::vector<double> ones(model.size(), 1.0);
   const ErrStats ec = compare(got, cpu_d, ones), em = compare(got, model, ones);
