@@ -125,7 +125,7 @@ struct GpuModel::Impl {
   const uint16_t* bf16_copy(const float* x, int64_t n, uint16_t* buf);
   // y = x · Wᵀ over T rows of bf16 activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
   // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16).
-  void gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);
+  void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);
   bool use_gemv(const DevLinear& wt) const;
 };
 

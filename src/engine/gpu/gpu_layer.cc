@@ -27,7 +27,7 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
     cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     xb = s.xb;
   }
-  gemv_rows(wt.d, xb, ldx, T, y, ldy);
+  matmul(wt.d, xb, ldx, T, y, ldy);
 }
 
 const uint16_t* GpuModel::Impl::bf16_copy(const float* x, int64_t n, uint16_t* buf) {
@@ -36,16 +36,16 @@ const uint16_t* GpuModel::Impl::bf16_copy(const float* x, int64_t n, uint16_t* b
   return buf;
 }
 
-void GpuModel::Impl::gemv_rows(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
-                               int64_t ldy) {
-  if (T > 64 && s.wbuf) {  // compute-bound: dequantize once (exact), then a bf16 tensor-core GEMM
-    cudalin::dequant_to_bf16(w, s.wbuf, stream);
-    cudalin::gemm_bf16(xb, ldx, T, s.wbuf, w.rows, w.cols, y, ldy, stream);
+void GpuModel::Impl::matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
+                            int64_t ldy) {
+  if (T <= 64) {
+    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream);
     return;
   }
-  for (int t0 = 0; t0 < T; t0 += 64)
-    cudalin::gemv(w, xb + static_cast<int64_t>(t0) * ldx, ldx, std::min(64, T - t0), y + static_cast<int64_t>(t0) * ldy,
-                  ldy, ws, stream);
+  // Compute-bound: dequantize once (exact), then a bf16 tensor-core GEMM. s.wbuf exists whenever a step can
+  // exceed 64 tokens (alloc_scratch) and holds the largest FP8/MXFP4 weight.
+  cudalin::dequant_to_bf16(w, s.wbuf, stream);
+  cudalin::gemm_bf16(xb, ldx, T, s.wbuf, w.rows, w.cols, y, ldy, stream);
 }
 
 void GpuModel::Impl::attention(int li, int T) {
@@ -188,7 +188,7 @@ void GpuModel::Impl::attention(int li, int T) {
   } else {
     for (int64_t g = 0; g < G; ++g) {
       if (grouped_gemv)
-        gemv_rows(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr);
+        matmul(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr);
       else
         glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
     }
