@@ -6,9 +6,11 @@
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
+//                     [--no-pdl]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
+// --no-pdl: launch every kernel in plain stream order (no programmatic dependent launch), to compare.
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "engine/gpu/gpu_model.h"
 
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
     else if (a == "--full-layers") full_layers = std::atoi(next().c_str());
     else if (a == "--prefill-chunk") prefill_chunk = std::atoi(next().c_str());
     else if (a == "--repeat-layers") repeat_layers = std::atoi(next().c_str());
+    else if (a == "--no-pdl") cuda::set_pdl(false);
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }
@@ -270,6 +274,33 @@ int main(int argc, char** argv) {
       for (const auto& [n, tps] : prefill_tps)
         std::printf("prefill %d tokens extrapolated to %d layers: %.0f tok/s\n", n, full_layers,
                     tps * L / full_layers);
+      // Where a prefill chunk's time goes: the last chunk of a 4-chunk prompt, summed over the layers per
+      // operation name (eager, events between operations).
+      if (prefill_chunk > 64) {
+        seq.reset();  // the profile model has one sequence slot
+        auto ps = pm->new_sequence();
+        std::vector<gpu::GpuSeqChunk> pb(1);
+        pb[0].seq = ps.get();
+        pb[0].return_logits = false;
+        for (int k = 0; k < 4 * prefill_chunk; ++k) pb[0].tokens.push_back(2 + (k * 13) % (c.vocab_size - 2));
+        pm->forward(pb);
+        std::vector<std::pair<std::string, double>> per_op;
+        double total = 0;
+        for (const auto& [name, v] : pm->step_profile_ms()) {
+          const size_t dot = name.find('.');
+          const std::string op = name.size() > 1 && name[0] == 'L' && dot != std::string::npos ? name.substr(dot + 1)
+                                                                                               : name;
+          auto it = std::find_if(per_op.begin(), per_op.end(), [&](const auto& e) { return e.first == op; });
+          if (it == per_op.end()) per_op.emplace_back(op, v);
+          else it->second += v;
+          total += v;
+        }
+        std::sort(per_op.begin(), per_op.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+        std::printf("\nprefill chunk profile: last %d-token chunk of %d (context %d..%d), %d layers, %.2f ms "
+                    "(%.0f tok/s), ms per operation summed over the layers:\n", prefill_chunk, 4 * prefill_chunk,
+                    3 * prefill_chunk, 4 * prefill_chunk, L, total, prefill_chunk / total * 1e3);
+        for (const auto& [op, v] : per_op) std::printf("  %-24s %8.3f  %4.1f%%\n", op.c_str(), v, 100 * v / total);
+      }
 
     }
   } catch (const Error& e) {

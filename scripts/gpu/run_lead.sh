@@ -12,19 +12,22 @@ trap 'tar -czf "$R/logs.tgz" -C "$OUT" .' EXIT
 export JOBS=${JOBS:-16}
 bash scripts/gpu/run_engine.sh > "$OUT/engine.txt" 2>&1
 echo "engine rc=$?" >> "$OUT/engine.txt"
-# Kernel tests that changed last (same build dir, incremental): compressor graph replay, MoE prefill, the
-# strided prefill GEMM, the grouped GEMV.
-{ cmake --build build-gpu -j "$JOBS" --target test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill \
-    test_cuda_gemv > "$OUT/build-kernels.log" 2>&1 &&
-  for t in test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill test_cuda_gemv; do
+# Kernel tests (same build dir, incremental), KTESTS="test_cuda_..." to choose; default: those that changed
+# last (compressor graph replay, MoE prefill, the strided prefill GEMM, the grouped GEMV).
+KTESTS=${KTESTS:-test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill test_cuda_gemv}
+{ cmake --build build-gpu -j "$JOBS" --target $KTESTS > "$OUT/build-kernels.log" 2>&1 &&
+  for t in $KTESTS; do
     exe=$(find build-gpu -name "$t" -type f -perm -u+x | head -1)
-    "$exe" > "$OUT/$t.log" 2>&1
+    timeout ${KTEST_TIMEOUT:-120} "$exe" > "$OUT/$t.log" 2>&1
     echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E "Failure|Expected|Which is|exception" "$OUT/$t.log" | head -10
   done; } > "$OUT/kernels.txt" 2>&1
 BENCH_BUILD=build-gpu timeout ${BENCH_TIMEOUT:-300} bash scripts/gpu/bench_flash.sh "$@" > "$OUT/flash.txt" 2>&1
 echo "flash rc=$?" >> "$OUT/flash.txt"
+# DECODE_AB="--repeat-layers 21": batch-1 decode without PDL and the per-kernel ncu durations.
+[ -n "${DECODE_AB:-}" ] && BENCH_BUILD=build-gpu timeout ${DECODE_AB_TIMEOUT:-300} bash scripts/gpu/decode_ab.sh $DECODE_AB > "$OUT/decode_ab.txt" 2>&1
 tr '\r' '\n' < "$OUT/bench-flash.err" 2>/dev/null | grep -v "loading weights" | tail -30
-cat "$OUT/engine.txt"
+grep -E "^\[ +(OK|FAILED|PASSED)|rc=|Failure|rror" "$OUT/engine.txt"
 cat "$OUT/kernels.txt"
-cat "$OUT/flash.txt"
+grep -v -E "^  L[0-9]+\.|^  layer ([2-9]|[1-9][0-9])" "$OUT/flash.txt"
+cat "$OUT/decode_ab.txt" 2>/dev/null

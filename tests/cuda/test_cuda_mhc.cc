@@ -1,9 +1,11 @@
 // cuda::hc_pre / hc_post / hc_head against cpu::hc_pre / hc_post / hc_head, and the device Sinkhorn against a
 // float64 Sinkhorn. Fresh random inputs every run, outputs poisoned before each launch.
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "backend/cpu/mhc.h"
+#include "backend/cpu/norm_rope.h"
 #include "backend/cuda/kernels_compressor_mhc.h"
 #include "cuda_test_util.h"
 
@@ -22,6 +24,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
+// bf16 bits of a finite float, round to nearest even.
+uint16_t bf16_round_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 HcWeights random_weights(std::mt19937_64& rng, int mix, int64_t dim, int n_scale) {
   std::normal_distribution<float> nd(0.f, 1.f);
   HcWeights w;
@@ -34,8 +43,11 @@ HcWeights random_weights(std::mt19937_64& rng, int mix, int64_t dim, int n_scale
   return w;
 }
 
-void run_pre(int T, int64_t D, bool head, uint64_t seed) {
-  SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D));
+// fused: also the following RMSNorm (HcArgs::norm_w) and the bf16 copy of x (HcArgs::xb), against
+// cpu::rmsnorm after the CPU hc_pre / hc_head.
+void run_pre(int T, int64_t D, bool head, uint64_t seed, bool fused = false) {
+  SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D) +
+               (fused ? " fused norm + bf16" : ""));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int mix = head ? N : (2 + N) * N;
@@ -46,14 +58,21 @@ void run_pre(int T, int64_t D, bool head, uint64_t seed) {
   DeviceBuffer<float> dx(static_cast<size_t>(T) * D), dpost(T * N), dcomb(T * N * N);
   DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(T, D));
   dh.upload(h); dfn.upload(w.fn); dbase.upload(w.base); dscale.upload(w.scale);
-  dx.poison(); dpost.poison(); dcomb.poison(); ws.poison();
+  std::vector<float> nw(D);
+  for (float& v : nw) v = 1.0f + 0.3f * nd(rng);
+  DeviceBuffer<float> dnw(D);
+  DeviceBuffer<uint16_t> dxb(static_cast<size_t>(T) * D);
+  dnw.upload(nw);
+  dx.poison(); dpost.poison(); dcomb.poison(); ws.poison(); dxb.poison();
   cuda::HcArgs a;
   a.n_tokens = T; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
   a.x = dx.get(); a.post = dpost.get(); a.comb = dcomb.get(); a.workspace = ws.get();
+  if (fused) a.norm_w = dnw.get(), a.xb = dxb.get();
   if (head) cuda::hc_head(a, nullptr);
   else cuda::hc_pre(a, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> gx = dx.download(), gp = dpost.download(), gc = dcomb.download();
+  const std::vector<uint16_t> gxb = dxb.download();
   cpu::HcParams p;
   p.dim = D;
   std::vector<float> x(D), post(N), comb(N * N);
@@ -62,6 +81,13 @@ void run_pre(int T, int64_t D, bool head, uint64_t seed) {
     const float* ht = h.data() + static_cast<size_t>(t) * N * D;
     if (head) cpu::hc_head(w, p, ht, x.data());
     else cpu::hc_pre(w, p, ht, x.data(), post.data(), comb.data());
+    if (fused) {
+      cpu::rmsnorm(x.data(), nw.data(), D, p.norm_eps, x.data());
+      for (int64_t d = 0; d < D; ++d) {  // bf16 of the GPU's own x, round to nearest even
+        const uint16_t u = bf16_round_bits(gx[t * D + d]);
+        ASSERT_EQ(gxb[t * D + d], u) << "xb[" << t << ", " << d << "]";
+      }
+    }
     expect_close(std::vector<float>(gx.begin() + t * D, gx.begin() + (t + 1) * D), x, 2e-5, "x");
     if (!head) {
       expect_close(std::vector<float>(gp.begin() + t * N, gp.begin() + (t + 1) * N), post, 2e-5, "post");
@@ -78,6 +104,17 @@ TEST(CudaMhc, Pre) {
   run_pre(5, 4096, false, s + 1);
   run_pre(77, 7168, false, s + 2);
   run_pre(300, 96, false, s + 3);
+}
+
+TEST(CudaMhc, PreAndHeadWithFusedNormAndBf16) {
+  DSV4_REQUIRE_GPU();
+  const uint64_t s = cuda_test::test_seed() + 400;
+  run_pre(1, 4096, false, s, true);
+  run_pre(1, 7168, false, s + 1, true);
+  run_pre(65, 4096, false, s + 2, true);
+  run_pre(300, 96, false, s + 3, true);
+  run_pre(1, 4096, true, s + 4, true);
+  run_pre(17, 7168, true, s + 5, true);
 }
 
 TEST(CudaMhc, Head) {

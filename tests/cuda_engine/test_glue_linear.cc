@@ -1,6 +1,9 @@
-// glue::linear on BF16 weights (the streaming path for cols % 256 == 0, the generic path otherwise) and on
-// FP8 weights, against a float64 reference on fresh random inputs; outputs poisoned before each launch,
-// row offsets (row_begin) and token counts around the 8-token pass.
+// glue::linear on BF16 weights against a float64 reference on fresh random inputs: the streaming path for
+// cols % 256 == 0 (split-K below 16 * SMs rows, warp per row above), the generic path otherwise. Outputs
+// are poisoned before each launch and strided (ldy > rows, the gaps must stay NaN), row offsets
+// (row_begin) and token counts around the 8-token pass; a second eager launch and a CUDA-graph launch must
+// give the same bits. glue::rmsnorm_rows (single-pass float4 / scalar paths and the long-row path, in
+// place and strided) against the cpu::rmsnorm formula.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -27,20 +30,55 @@ T* upload(const std::vector<T>& v) {
   return p;
 }
 
+// Runs f(stream) once captured into a CUDA graph and launches the graph (same kernels as eager calls).
+template <typename F>
+void run_in_graph(F f) {
+  cuda::check(cudaDeviceSynchronize(), "sync");  // the non-blocking stream does not wait for the legacy one
+  cudaStream_t s = nullptr;
+  cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cuda::check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  f(s);
+  cudaGraph_t g = nullptr;
+  cuda::check(cudaStreamEndCapture(s, &g), "end capture");
+  cudaGraphExec_t e = nullptr;
+  cuda::check(cudaGraphInstantiate(&e, g, 0), "instantiate");
+  cuda::check(cudaGraphLaunch(e, s), "graph launch");
+  cuda::check(cudaStreamSynchronize(s), "sync");
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 TEST(GlueLinear, Bf16MatchesFloat64) {
   DSV4_REQUIRE_GPU();
   const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::printf("DSV4_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  struct Case { int64_t rows, cols, row_begin, T; };
-  const Case cases[] = {{1, 256, 0, 1},   {37, 512, 3, 3},     {1024, 4096, 0, 8}, {64, 4096, 7, 9},
-                        {5, 768, 0, 17},  {129, 300, 1, 2},    {16, 1280, 0, 64},  {3, 2304, 2, 1}};
+  // glue::linear splits K across a block's 8 warps for rows < 16 * SMs (2112 on an H200).
+  const int64_t split = 16 * static_cast<int64_t>(cuda::device_config().sm_count);
+  struct Case { int64_t rows, cols, row_begin, T, pad; };  // pad: ldx = cols + pad, ldy = rows + pad + 1
+  const Case cases[] = {
+      // split-K path (chunks = cols / 256 below, at and above the 8 warps; T around the 8-token pass)
+      {1, 256, 0, 1, 0},          {37, 512, 3, 3, 4},         {64, 4096, 7, 9, 0},      {64, 4096, 0, 1, 0},
+      {256, 4096, 0, 1, 4},       {5, 768, 0, 17, 0},         {3, 2304, 2, 1, 0},       {16, 1280, 0, 64, 8},
+      {512, 4096, 1, 2, 0},       {1024, 4096, 0, 8, 0},      {96, 7168, 5, 17, 4},     {8, 16384, 0, 9, 0},
+      {split - 1, 4096, 3, 1, 0}, {split - 1, 1024, 0, 2, 4},
+      // warp-per-row path
+      {split, 4096, 0, 1, 0},     {split + 9, 1024, 11, 9, 4}, {2 * split + 3, 512, 1, 17, 0},
+      {3 * split, 256, 0, 2, 0},
+      // generic path (cols % 256 != 0)
+      {129, 300, 1, 2, 0}};
   for (const Case& c : cases) {
-    const int64_t R = c.rows + c.row_begin;
+    const int64_t R = c.rows + c.row_begin + 2;  // rows after the range too: reading them would show
+    const int64_t ldx = c.cols + c.pad, ldy = c.rows + c.pad + 1;
     std::vector<uint16_t> w(static_cast<size_t>(R * c.cols));
     for (auto& v : w) v = f32_to_bf16(nd(rng) * 0.05f);
-    std::vector<float> x(static_cast<size_t>(c.T * c.cols));
+    std::vector<float> x(static_cast<size_t>(c.T * ldx));
     for (auto& v : x) v = nd(rng);
     glue::Weight gw;
     gw.fmt = glue::WFormat::kBF16;
@@ -50,31 +88,107 @@ TEST(GlueLinear, Bf16MatchesFloat64) {
     float* dx = upload(x);
     gw.w = reinterpret_cast<const uint8_t*>(dw);
     float* dy = nullptr;
-    ASSERT_EQ(cudaMalloc(&dy, c.T * c.rows * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dy, 0xff, c.T * c.rows * sizeof(float)), cudaSuccess);  // NaN poison
-    glue::linear(gw, c.row_begin, c.rows, dx, c.T, c.cols, dy, c.rows, nullptr);
-    std::vector<float> y(static_cast<size_t>(c.T * c.rows));
-    ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    const size_t ny = static_cast<size_t>(c.T * ldy);
+    ASSERT_EQ(cudaMalloc(&dy, ny * sizeof(float)), cudaSuccess);
+    std::vector<float> y(ny), y2(ny), yg(ny);
+    // Eager twice, then once from a graph; every launch into a freshly NaN-poisoned y.
+    for (std::vector<float>* out : {&y, &y2, &yg}) {
+      ASSERT_EQ(cudaMemset(dy, 0xff, ny * sizeof(float)), cudaSuccess);
+      if (out == &yg)
+        run_in_graph([&](cudaStream_t s) { glue::linear(gw, c.row_begin, c.rows, dx, c.T, ldx, dy, ldy, s); });
+      else
+        glue::linear(gw, c.row_begin, c.rows, dx, c.T, ldx, dy, ldy, nullptr);
+      ASSERT_EQ(cudaMemcpy(out->data(), dy, ny * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     double worst = 0;
-    for (int64_t t = 0; t < c.T; ++t)
+    int64_t touched = 0;  // gap entries (r >= rows) that are not NaN any more
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t r = c.rows; r < ldy; ++r) touched += !std::isnan(y[t * ldy + r]);
       for (int64_t r = 0; r < c.rows; ++r) {
         double ref = 0, mag = 0;
         for (int64_t k = 0; k < c.cols; ++k) {
-          const double p = static_cast<double>(bf16_to_f32(w[(c.row_begin + r) * c.cols + k])) * x[t * c.cols + k];
+          const double p = static_cast<double>(bf16_to_f32(w[(c.row_begin + r) * c.cols + k])) * x[t * ldx + k];
           ref += p;
           mag += std::fabs(p);
         }
-        const double err = std::fabs(y[t * c.rows + r] - ref) / std::max(mag, 1e-30);
+        const double err = std::fabs(y[t * ldy + r] - ref) / std::max(mag, 1e-30);
         worst = std::isfinite(err) && err <= worst ? worst : (std::isfinite(err) ? err : INFINITY);
       }
-    // fp32 accumulation over <= 4096 terms: |error| <= ~cols * 2^-24 * sum|w x|, in practice far less.
-    std::printf("rows %lld cols %lld row_begin %lld T %lld: max |err| / sum|w x| = %.3e\n",
+    }
+    // fp32 accumulation over <= 16384 terms: |error| <= ~cols * 2^-24 * sum|w x|, in practice far less.
+    std::printf("rows %lld cols %lld row_begin %lld T %lld pad %lld (%s): max |err| / sum|w x| = %.3e\n",
                 static_cast<long long>(c.rows), static_cast<long long>(c.cols), static_cast<long long>(c.row_begin),
-                static_cast<long long>(c.T), worst);
-    EXPECT_LE(worst, 1e-5);
+                static_cast<long long>(c.T), static_cast<long long>(c.pad),
+                c.cols % 256 ? "generic" : (c.rows < split ? "split" : "warp/row"), worst);
+    EXPECT_LE(worst, 1e-5) << "rows " << c.rows << " cols " << c.cols << " T " << c.T;
+    EXPECT_EQ(touched, 0) << "wrote outside y[t, 0..rows): rows " << c.rows << " cols " << c.cols;
+    EXPECT_TRUE(same_bits(y, y2)) << "eager launches differ: rows " << c.rows << " cols " << c.cols;
+    EXPECT_TRUE(same_bits(y, yg)) << "graph and eager launches differ: rows " << c.rows << " cols " << c.cols;
     cudaFree(dw);
     cudaFree(dx);
     cudaFree(dy);
+  }
+}
+
+// glue::rmsnorm_rows against the cpu::rmsnorm formula (sum of squares in double, r and y in float):
+// n <= 8192 with n % 4 == 0 and 16-byte rows takes the float4 single pass, other n or strides the scalar
+// single pass, n > 8192 the two-pass kernel. Out of place into a strided NaN-poisoned y (gaps must stay
+// NaN), and in place (y == x, the gaps of x must keep their values).
+TEST(GlueRmsnorm, MatchesFloat64) {
+  DSV4_REQUIRE_GPU();
+  const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::printf("DSV4_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float eps = 1e-6f;
+  struct Case { int64_t n; int rows; int64_t pad; bool weighted, in_place; };  // pad: ldx - n
+  const Case cases[] = {
+      {512, 3, 0, true, false},   {1024, 2, 4, true, true},   {4096, 1, 0, true, true},  {4096, 5, 8, false, false},
+      {7168, 2, 0, true, false},  {8192, 3, 4, true, true},   {300, 4, 0, true, false},  {300, 3, 5, false, true},
+      {4096, 3, 1, true, false},  {1, 2, 0, true, false},     {8191, 2, 3, true, true},  {8200, 2, 0, true, false},
+      {16384, 2, 4, true, true}};
+  for (const Case& c : cases) {
+    const int64_t ldx = c.n + c.pad, ldy = c.in_place ? ldx : c.n + c.pad + 4;
+    std::vector<float> x(static_cast<size_t>(c.rows * ldx)), w(static_cast<size_t>(c.n));
+    const float scale = std::exp2(static_cast<float>(static_cast<int>(rng() % 16)) - 8.0f);  // row magnitude
+    for (auto& v : x) v = nd(rng) * scale;
+    for (auto& v : w) v = 1.0f + 0.1f * nd(rng);
+    float* dx = upload(x);
+    float* dw = upload(w);
+    float* dy = dx;
+    const size_t ny = static_cast<size_t>(c.rows * ldy);
+    if (!c.in_place) {
+      ASSERT_EQ(cudaMalloc(&dy, ny * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dy, 0xff, ny * sizeof(float)), cudaSuccess);  // NaN poison
+    }
+    glue::rmsnorm_rows(dx, ldx, c.weighted ? dw : nullptr, c.rows, c.n, eps, dy, ldy, nullptr);
+    std::vector<float> y(ny);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy, ny * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    double worst = 0;
+    int64_t touched = 0;  // gap entries changed (NaN poison gone, or x modified in place)
+    for (int r = 0; r < c.rows; ++r) {
+      const float* xr = &x[static_cast<size_t>(r * ldx)];
+      double ss = 0.0;
+      for (int64_t i = 0; i < c.n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      const float rr = 1.0f / std::sqrt(static_cast<float>(ss / c.n) + eps);
+      for (int64_t i = 0; i < c.n; ++i) {
+        const float ref = c.weighted ? w[i] * (xr[i] * rr) : xr[i] * rr;
+        const double err = std::fabs(static_cast<double>(y[r * ldy + i]) - ref) / std::max(std::fabs(ref), 1e-30f);
+        worst = std::isfinite(err) && err <= worst ? worst : (std::isfinite(err) ? err : INFINITY);
+      }
+      for (int64_t i = c.n; i < ldy; ++i) {
+        const float g = y[r * ldy + i];
+        touched += c.in_place ? std::memcmp(&g, &xr[i], sizeof(float)) != 0 : !std::isnan(g);
+      }
+    }
+    std::printf("n %lld rows %d ldx %lld ldy %lld w %d in_place %d: max rel err %.3e\n",
+                static_cast<long long>(c.n), c.rows, static_cast<long long>(ldx), static_cast<long long>(ldy),
+                c.weighted, c.in_place, worst);
+    EXPECT_LE(worst, 1e-6) << "n " << c.n << " ldx " << ldx;
+    EXPECT_EQ(touched, 0) << "wrote outside the rows: n " << c.n << " ldx " << ldx;
+    if (!c.in_place) cudaFree(dy);
+    cudaFree(dx);
+    cudaFree(dw);
   }
 }
 

@@ -88,6 +88,10 @@ TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
     check_linear("wkv", L.wkv);
     check_linear("wo_b", L.wo_b);
     check_linear("shared w1", L.sh_w1);
+    // The stacked uploads (wq_a | wkv, w1 | w3) as one weight; the lines above check their row views.
+    ASSERT_GT(L.wq_a_wkv.rows, 0);
+    check_linear("wq_a|wkv", L.wq_a_wkv);
+    if (L.sh_w13.rows) check_linear("shared w1|w3", L.sh_w13);
     check_linear("shared w2", L.sh_w2);
     if (li == 1) check_linear("index wq_b", L.index_wq_b);
     // MoE: routed experts through moe_decode vs moe_exact.

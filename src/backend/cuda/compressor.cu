@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels_compressor_mhc.h"
 #include "core/error.h"
 
@@ -59,6 +60,7 @@ __device__ __forceinline__ float warp_max(float v) {
 
 template <int R, int HEAD>
 __global__ void __launch_bounds__(HEAD) compressor_entries_kernel(CompressorArgs a) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   using S = Shape<R, HEAD>;
   constexpr int kWarps = HEAD / 32;
   __shared__ float red[kWarps];
@@ -172,6 +174,7 @@ __global__ void __launch_bounds__(HEAD) compressor_entries_kernel(CompressorArgs
 
 template <int R, int HEAD>
 __global__ void __launch_bounds__(128) compressor_state_kernel(CompressorArgs a) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   using S = Shape<R, HEAD>;
   const int s = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -206,10 +209,10 @@ void launch(const CompressorArgs& a, cudaStream_t stream) {
   using S = Shape<R, HEAD>;
   const int per_seq = a.max_count / R + 1;  // entries a sequence of max_count tokens can close
   dim3 ge(static_cast<unsigned>(std::min(per_seq, 65535)), static_cast<unsigned>(a.n_seqs));
-  compressor_entries_kernel<R, HEAD><<<ge, HEAD, 0, stream>>>(a);
+  check(launch(compressor_entries_kernel<R, HEAD>, dim3(ge), dim3(HEAD), 0, stream, a), "compressor_entries_kernel launch");
   check(cudaGetLastError(), "compressor_entries_kernel launch");
   dim3 gs((S::W + 127) / 128, static_cast<unsigned>(a.n_seqs));
-  compressor_state_kernel<R, HEAD><<<gs, 128, 0, stream>>>(a);
+  check(launch(compressor_state_kernel<R, HEAD>, dim3(gs), dim3(128), 0, stream, a), "compressor_state_kernel launch");
   check(cudaGetLastError(), "compressor_state_kernel launch");
 }
 

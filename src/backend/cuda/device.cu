@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
@@ -9,6 +10,12 @@ namespace dsv4::cuda {
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) fail("CUDA: ", what, ": ", cudaGetErrorString(err));
 }
+
+namespace {
+bool g_pdl = true;
+}
+void set_pdl(bool on) { g_pdl = on; }
+bool pdl_enabled() { return g_pdl; }
 
 const DeviceConfig& device_config() {
   // One config per process for the current device (the engine pins one device per process).

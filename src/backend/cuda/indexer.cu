@@ -20,6 +20,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ptx.cuh"
 #include "core/error.h"
@@ -58,6 +59,7 @@ __device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, i
 }
 
 __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float red[kWarps][kKeys];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;  // mma group (row / column) and thread-in-group
@@ -253,6 +255,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
 template <IndexerKeyFormat F>
 __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBlocksFP8 : kMinBlocksFP4)
     indexer_stream_kernel(IndexerArgs a, int64_t units_per_warp) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   using KF = KeyFmt<F>;
   extern __shared__ __align__(16) uint8_t smem[];
   float* wq = reinterpret_cast<float*>(smem);
@@ -457,7 +460,7 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
     // Enough CTAs for ~8 resident per SM in total, each reusing its q fragments over many tiles.
     int64_t per_query = (8LL * dev.sm_count + a.n_queries - 1) / a.n_queries;
     per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, n_tiles));
-    indexer_fp8_kernel<<<dim3(static_cast<unsigned>(per_query), a.n_queries), kThreads, 0, stream>>>(a);
+    check(launch(indexer_fp8_kernel, dim3(static_cast<unsigned>(per_query), a.n_queries), dim3(kThreads), 0, stream, a), "indexer_fp8_kernel launch");
     check(cudaGetLastError(), "indexer_fp8_kernel launch");
     return;
   }
@@ -480,7 +483,7 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
       return true;
     }();
     (void)attr;
-    indexer_stream_kernel<IndexerKeyFormat::kMXFP4><<<grid, kThreads, smem, stream>>>(a, units_per_warp);
+    check(launch(indexer_stream_kernel<IndexerKeyFormat::kMXFP4>, dim3(grid), dim3(kThreads), smem, stream, a, units_per_warp), "indexer_stream_kernel launch");
   } else {
     constexpr int smem = smem_bytes<IndexerKeyFormat::kFP8>();
     static const bool attr = [] {
@@ -490,7 +493,7 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
       return true;
     }();
     (void)attr;
-    indexer_stream_kernel<IndexerKeyFormat::kFP8><<<grid, kThreads, smem, stream>>>(a, units_per_warp);
+    check(launch(indexer_stream_kernel<IndexerKeyFormat::kFP8>, dim3(grid), dim3(kThreads), smem, stream, a, units_per_warp), "indexer_stream_kernel launch");
   }
   check(cudaGetLastError(), "indexer_stream_kernel launch");
 }

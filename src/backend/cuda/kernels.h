@@ -23,6 +23,10 @@ struct DeviceConfig {
 const DeviceConfig& device_config();
 // Throws dsv4::Error with `what` and the CUDA error string when `err` is not cudaSuccess.
 void check(cudaError_t err, const char* what);
+// Programmatic dependent launch for every kernel of the backend (backend/cuda/pdl.cuh), process-wide,
+// default on; off launches with plain stream order (benchmarks compare the two).
+void set_pdl(bool on);
+bool pdl_enabled();
 
 // ---- exact top-k per row (reference: cpu::topk_row) ---------------------------------------------------------
 // scores: [rows, row_stride] fp32; row r holds lengths[r] entries (lengths == nullptr: all `cols`; values

@@ -9,12 +9,16 @@
 //      token's h as float4 (row stride 132 floats: conflict-free) and fn as float4 broadcasts, 4 FMAs per shared
 //      load. Warps are then summed through shared memory in a fixed order and the CTA writes M+1 partials
 //      (mixes, sum of squares) per token to the workspace [KS][T][M+1].
-//   2. hc_finish_kernel: CTA = (token, 1024-wide slice of D): sums the KS partials in order, applies the norm,
-//      sigmoids and (hc_pre, slice 0 only writes them) Sinkhorn in fp32 on 16 lanes, then x = Σ_j pre_j h_j.
+//   2. hc_finish_kernel: CTA = one token (512 threads): sums the KS partials in order, applies the norm,
+//      sigmoids and (hc_pre) Sinkhorn in fp32 on 16 lanes, then x = Σ_j pre_j h_j, and optionally the
+//      sub-layer's RMSNorm and a bf16 copy of x (HcArgs::norm_w, xb: one kernel instead of three).
 //      This re-reads h; for batches up to ~300 tokens (h <= ~35 MB) that read hits L2.
 // hc_post: pure streaming, one float4 of D per thread for all 4 output streams.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels_compressor_mhc.h"
 #include "core/error.h"
 
@@ -39,6 +43,7 @@ template <int M>
 __global__ void __launch_bounds__(kThreads) hc_mix_kernel(const float* __restrict__ h, const float* __restrict__ fn,
                                                           int n_tokens, int64_t K, int ks_count,
                                                           float* __restrict__ ws) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   // Staging (sh + sf) and the final cross-warp reduction share one buffer.
   constexpr int kStage = kTok * kHStride + M * kKc;
   constexpr int kRed = 8 * (M + 1) * kTok;
@@ -147,14 +152,21 @@ __device__ __forceinline__ float sinkhorn_lane(float c, int iters, float eps) {
   return c;
 }
 
-constexpr int kFinThreads = 256;  // one float4 of D each: 1024 floats per CTA
+constexpr int kFinThreads = 512;
+constexpr int kFinVec = 4;  // float4s of D per thread: D <= 4 * 4 * 512 = 8192
 
+// One block per token: x = sum_j pre_j h_j over the whole row (each thread keeps its <= 4 float4s in
+// registers), then optionally RMSNorm(x) * norm_w (cpu::rmsnorm's formula, sum of squares in double) and a
+// bf16 copy (round to nearest even, as cudalin::cast_f32_to_bf16) for the linears that read x.
+// (Minimum 1 block per SM in the bounds: without it ptxas spills around the double reduction.)
 template <int M>
-__global__ void __launch_bounds__(kFinThreads) hc_finish_kernel(HcArgs a, int ks_count) {
+__global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int ks_count) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float mix[M + 1];
   __shared__ float pre[kN];
+  __shared__ double part[kFinThreads / 32];
   const int t = blockIdx.x, tid = threadIdx.x;
-  const int64_t D = a.dim, K = kN * D;
+  const int64_t D = a.dim, K = kN * D, D4 = D / 4;
   const float* ws = static_cast<const float*>(a.workspace);
   if (tid <= M) {
     float s = 0.f;
@@ -165,7 +177,7 @@ __global__ void __launch_bounds__(kFinThreads) hc_finish_kernel(HcArgs a, int ks
   const float r = 1.0f / sqrtf(mix[M] / static_cast<float>(K) + a.norm_eps);
   if (tid < kN) pre[tid] = sigmoidf(mix[tid] * r * a.scale[0] + a.base[tid]) + a.hc_eps;
   if constexpr (M == kMaxMix) {
-    if (blockIdx.y == 0 && tid < 32) {
+    if (tid < 32) {
       if (tid < kN) a.post[t * kN + tid] = 2.0f * sigmoidf(mix[kN + tid] * r * a.scale[1] + a.base[kN + tid]);
       const int l = tid & 15;
       const float c = sinkhorn_lane(mix[2 * kN + l] * r * a.scale[2] + a.base[2 * kN + l], a.sinkhorn_iters, a.hc_eps);
@@ -173,22 +185,56 @@ __global__ void __launch_bounds__(kFinThreads) hc_finish_kernel(HcArgs a, int ks
     }
   }
   __syncthreads();
-  const int64_t d4 = static_cast<int64_t>(blockIdx.y) * kFinThreads + tid;
-  if (d4 * 4 >= D) return;
   const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
-  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 xv[kFinVec];
+  double ss = 0.0;
 #pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    const float4 v = __ldg(h + j * (D / 4) + d4);
-    const float p = pre[j];
-    s.x += p * v.x; s.y += p * v.y; s.z += p * v.z; s.w += p * v.w;
+  for (int i = 0; i < kFinVec; ++i) {
+    const int64_t d4 = tid + static_cast<int64_t>(i) * kFinThreads;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (d4 < D4) {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const float4 v = __ldg(h + j * D4 + d4);
+        const float p = pre[j];
+        s.x += p * v.x; s.y += p * v.y; s.z += p * v.z; s.w += p * v.w;
+      }
+    }
+    xv[i] = s;
+    ss += static_cast<double>(s.x) * s.x + static_cast<double>(s.y) * s.y + static_cast<double>(s.z) * s.z +
+          static_cast<double>(s.w) * s.w;
   }
-  reinterpret_cast<float4*>(a.x + t * D)[d4] = s;
+  float rn = 1.0f;
+  if (a.norm_w) {
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((tid & 31) == 0) part[tid >> 5] = ss;
+    __syncthreads();
+    double tot = 0.0;
+    for (int w = 0; w < kFinThreads / 32; ++w) tot += part[w];  // fixed order
+    rn = 1.0f / sqrtf(static_cast<float>(tot / static_cast<double>(D)) + a.norm_eps);
+  }
+#pragma unroll
+  for (int i = 0; i < kFinVec; ++i) {
+    const int64_t d4 = tid + static_cast<int64_t>(i) * kFinThreads;
+    if (d4 >= D4) continue;
+    float4 v = xv[i];
+    if (a.norm_w) {
+      const float4 w = __ldg(reinterpret_cast<const float4*>(a.norm_w) + d4);
+      v = make_float4(w.x * (v.x * rn), w.y * (v.y * rn), w.z * (v.z * rn), w.w * (v.w * rn));
+    }
+    reinterpret_cast<float4*>(a.x + t * D)[d4] = v;
+    if (a.xb) {
+      __nv_bfloat162* xb = reinterpret_cast<__nv_bfloat162*>(a.xb + t * D + 4 * d4);
+      xb[0] = __floats2bfloat162_rn(v.x, v.y);
+      xb[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+  }
 }
 
 __global__ void __launch_bounds__(256) hc_post_kernel(int n_tokens, int64_t D, const float* __restrict__ y,
                                                       const float* __restrict__ res, const float* __restrict__ post,
                                                       const float* __restrict__ comb, float* __restrict__ out) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.y;
   const int64_t d4 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d4 * 4 >= D) return;
@@ -215,6 +261,7 @@ __global__ void __launch_bounds__(256) hc_post_kernel(int n_tokens, int64_t D, c
 }
 
 __global__ void hc_sinkhorn_kernel(const float* logits, float* comb, int n_mats, int iters, float eps) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;  // matrix
   const int l = threadIdx.x & 15;
   const float x = i < n_mats ? logits[i * 16 + l] : 0.f;  // every lane joins the shuffles
@@ -231,8 +278,9 @@ void validate(const HcArgs& a, const char* who, bool pre) {
   if (!a.h || !a.fn || !a.base || !a.scale || !a.x || !a.workspace || (pre && (!a.post || !a.comb)))
     fail("cuda::", who, ": a required pointer is null");
   if (reinterpret_cast<uintptr_t>(a.h) % 16 || reinterpret_cast<uintptr_t>(a.fn) % 16 ||
-      reinterpret_cast<uintptr_t>(a.x) % 16)
-    fail("cuda::", who, ": h, fn and x must be 16-byte aligned");
+      reinterpret_cast<uintptr_t>(a.x) % 16 || reinterpret_cast<uintptr_t>(a.norm_w) % 16 ||
+      reinterpret_cast<uintptr_t>(a.xb) % 8)
+    fail("cuda::", who, ": h, fn, x and norm_w must be 16-byte aligned, xb 8-byte aligned");
   if (pre && a.sinkhorn_iters < 1) fail("cuda::", who, ": sinkhorn_iters=", a.sinkhorn_iters, " must be >= 1");
 }
 
@@ -241,11 +289,11 @@ void run_hc(const HcArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return;
   const int ks = split_k(a.n_tokens, a.dim);
   dim3 g1((a.n_tokens + kTok - 1) / kTok, ks);
-  hc_mix_kernel<M><<<g1, kThreads, 0, stream>>>(a.h, a.fn, a.n_tokens, kN * a.dim, ks,
-                                                 static_cast<float*>(a.workspace));
+  check(launch(hc_mix_kernel<M>, dim3(g1), dim3(kThreads), 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, ks,
+                                                 static_cast<float*>(a.workspace)), "hc_mix_kernel launch");
   check(cudaGetLastError(), "hc_mix_kernel launch");
-  dim3 g2(a.n_tokens, static_cast<unsigned>((a.dim / 4 + kFinThreads - 1) / kFinThreads));
-  hc_finish_kernel<M><<<g2, kFinThreads, 0, stream>>>(a, ks);
+  const dim3 g2(a.n_tokens);
+  check(launch(hc_finish_kernel<M>, dim3(g2), dim3(kFinThreads), 0, stream, a, ks), "hc_finish_kernel launch");
   check(cudaGetLastError(), "hc_finish_kernel launch");
 }
 
@@ -281,7 +329,7 @@ void hc_post(int n_tokens, int64_t dim, int n, const float* y, const float* res,
   if (!y || !res || !post || !comb || !out) fail("cuda::hc_post: a required pointer is null");
   if (out == res) fail("cuda::hc_post: out must not alias res");
   dim3 g(static_cast<unsigned>((dim / 4 + 255) / 256), n_tokens);
-  hc_post_kernel<<<g, 256, 0, stream>>>(n_tokens, dim, y, res, post, comb, out);
+  check(launch(hc_post_kernel, dim3(g), dim3(256), 0, stream, n_tokens, dim, y, res, post, comb, out), "hc_post_kernel launch");
   check(cudaGetLastError(), "hc_post_kernel launch");
 }
 
@@ -289,7 +337,7 @@ void hc_sinkhorn(const float* logits, float* comb, int n_mats, int iters, float 
   device_config();
   if (n_mats <= 0) return;
   if (iters < 1) fail("cuda::hc_sinkhorn: iters=", iters, " must be >= 1");
-  hc_sinkhorn_kernel<<<(n_mats + 7) / 8, 128, 0, stream>>>(logits, comb, n_mats, iters, eps);
+  check(launch(hc_sinkhorn_kernel, dim3((n_mats + 7) / 8), dim3(128), 0, stream, logits, comb, n_mats, iters, eps), "hc_sinkhorn_kernel launch");
   check(cudaGetLastError(), "hc_sinkhorn_kernel launch");
 }
 

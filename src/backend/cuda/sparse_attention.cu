@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ptx.cuh"
 #include "core/error.h"
@@ -95,6 +96,7 @@ struct Params {
 };
 
 __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ __align__(16) float tile[kTile][kD];
   __shared__ int tile_valid[kTile];
   const SparseAttentionArgs& a = p.a;
@@ -222,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
 // order; the 128 threads then add their 4 dims over the splits with independent loads (fixed order).
 constexpr int kMaxSplits = 256;
 __global__ void __launch_bounds__(128) combine_kernel(Params p) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float w_s[kMaxSplits], l_s[kMaxSplits], red[4];
   const int qi = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
   const float sk = p.a.sink[h];
@@ -318,6 +321,7 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16(uint32_t pair, float s) {
 
 template <bool kFp8, bool kSplit, int kTiles>
 __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   constexpr int kGroups = 4 / kTiles;        // CTAs per (query, split)
   constexpr int kRows = kT / (4 * kTiles);   // tile rows each warp loads and decodes
   extern __shared__ __align__(16) uint8_t smem[];
@@ -611,8 +615,7 @@ void launch_mma_tiles(const Params& p, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  attn_mma_kernel<kFp8, kSplit, kTiles>
-      <<<dim3(p.splits * (4 / kTiles), p.a.n_queries), 128 * kTiles, smem, stream>>>(p);
+  check(launch(attn_mma_kernel<kFp8, kSplit, kTiles>, dim3(p.splits * (4 / kTiles), p.a.n_queries), dim3(128 * kTiles), smem, stream, p), "attn_mma_kernel launch");
 }
 
 // Head tiles per CTA: 1 for 1-2 queries (more, shorter CTAs: measured ~6% faster at batch 1), else 2 (~20%
@@ -695,7 +698,7 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   }
   const bool fp8 = a.format == KvRowFormat::kFP8;
   if (a.format == KvRowFormat::kF32 || a.precision == AttnPrecision::kFp32) {
-    fp32_kernel<<<dim3(p.splits, a.n_queries, kHeadGroups), kThreads, 0, stream>>>(p);
+    check(launch(fp32_kernel, dim3(p.splits, a.n_queries, kHeadGroups), dim3(kThreads), 0, stream, p), "fp32_kernel launch");
   } else if (a.precision == AttnPrecision::kSplitBf16) {
     fp8 ? launch_mma<true, true>(p, stream) : launch_mma<false, true>(p, stream);
   } else if (a.precision == AttnPrecision::kBf16) {
@@ -705,7 +708,7 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   }
   check(cudaGetLastError(), "sparse_attention launch");
   if (p.splits > 1) {
-    combine_kernel<<<dim3(kH, a.n_queries), 128, 0, stream>>>(p);
+    check(launch(combine_kernel, dim3(kH, a.n_queries), dim3(128), 0, stream, p), "combine_kernel launch");
     check(cudaGetLastError(), "sparse_attention combine launch");
   }
 }

@@ -37,6 +37,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
@@ -118,6 +119,7 @@ __device__ void select_digit(Shared& s, int c, int need, int nb) {
 __global__ void __launch_bounds__(kThreads, 2)
     topk_rows_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
                      const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ Shared s;
   cg::cluster_group cluster = cg::this_cluster();
   const int C = static_cast<int>(cluster.num_blocks());
@@ -446,13 +448,15 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = C;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // backend/cuda/pdl.cuh
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
   check(cudaLaunchKernelEx(&cfg, topk_rows_kernel, scores, row_stride, static_cast<int>(cols), lengths, k, out),
         "topk_rows_kernel launch");
 }

@@ -59,16 +59,30 @@ cudalin::DevWeight DevLinear::row_block(int64_t row_begin, int64_t n) const {
   return r;
 }
 
+DevLinear DevLinear::rows_view(int64_t row_begin, int64_t n) const {
+  DevLinear v = *this;
+  v.rows = n;
+  v.d = row_block(row_begin, n);
+  v.g.rows = n;
+  v.g.w = v.d.w;
+  v.g.scale = v.d.scale;
+  return v;
+}
+
 DeviceWeights::~DeviceWeights() {
   for (void* p : allocs_) cudaFree(p);
 }
 
-const void* DeviceWeights::put(const void* host, size_t n) {
+const void* DeviceWeights::put(const void* host, size_t n) { return put_concat(host, n, nullptr, 0); }
+
+const void* DeviceWeights::put_concat(const void* a, size_t na, const void* b, size_t nb) {
+  const size_t n = na + nb;
   if (n == 0) return nullptr;
   void* p = nullptr;
   cuda::check(cudaMalloc(&p, n), "cudaMalloc (weights)");
   allocs_.push_back(p);
-  cuda::check(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), "upload weights");
+  if (na) cuda::check(cudaMemcpy(p, a, na, cudaMemcpyHostToDevice), "upload weights");
+  if (nb) cuda::check(cudaMemcpy(static_cast<uint8_t*>(p) + na, b, nb, cudaMemcpyHostToDevice), "upload weights");
   bytes += n;
   // total_ counts the matrices; norms and other small vectors come on top, so the count is capped at it.
   if (progress_ && total_ > 0 && allocs_.size() % 64 == 0)
@@ -86,6 +100,33 @@ DevLinear DeviceWeights::put(const LinearWeight& w) {
   d.g = glue::Weight{glue_format(w.fmt), w.rows, w.cols, wd, sd, w.scale_is_f32, w.block};
   if (w.fmt != WeightFormat::kBF16) d.d = cudalin::DevWeight{w.fmt, w.rows, w.cols, wd, sd, w.scale_is_f32};
   return d;
+}
+
+// Rows of a then rows of b in one allocation, when their formats stack: the same format, width and scale
+// type, and (FP8) a's rows whole scale tiles, so the scale grid [rows/B, cols/B] stacks row-wise too.
+// stacked.rows == 0 when they do not; va / vb are views of the two parts either way.
+void DeviceWeights::put_stacked(const LinearWeight& a, const LinearWeight& b, DevLinear& stacked, DevLinear& va,
+                                DevLinear& vb) {
+  const bool ok = a.fmt == b.fmt && a.fmt != WeightFormat::kBF16 && a.cols == b.cols &&
+                  a.scale_is_f32 == b.scale_is_f32 && a.block == b.block &&
+                  (a.fmt != WeightFormat::kFP8Block || a.rows % a.block == 0);
+  stacked = DevLinear{};
+  if (!ok) {
+    va = put(a);
+    vb = put(b);
+    return;
+  }
+  const auto* wd = static_cast<const uint8_t*>(put_concat(a.w, weight_bytes(a), b.w, weight_bytes(b)));
+  const auto* sd = static_cast<const uint8_t*>(put_concat(a.scale, scale_bytes(a), b.scale, scale_bytes(b)));
+  LinearWeight both = a;
+  both.rows = a.rows + b.rows;
+  stacked.fmt = a.fmt;
+  stacked.rows = both.rows;
+  stacked.cols = a.cols;
+  stacked.g = glue::Weight{glue_format(a.fmt), both.rows, a.cols, wd, sd, a.scale_is_f32, a.block};
+  stacked.d = cudalin::DevWeight{a.fmt, both.rows, a.cols, wd, sd, a.scale_is_f32};
+  va = stacked.rows_view(0, a.rows);
+  vb = stacked.rows_view(a.rows, b.rows);
 }
 
 DevHc DeviceWeights::put(const HcWeights& h) { return DevHc{put(h.fn), put(h.base), put(h.scale)}; }
@@ -132,9 +173,8 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
     d.kv_norm = put(L.kv_norm);
     d.hc_attn = put(L.hc_attn);
     d.hc_ffn = put(L.hc_ffn);
-    d.wq_a = put(L.wq_a);
+    put_stacked(L.wq_a, L.wkv, d.wq_a_wkv, d.wq_a, d.wkv);
     d.wq_b = put(L.wq_b);
-    d.wkv = put(L.wkv);
     d.wo_a = put(L.wo_a);
     d.wo_b = put(L.wo_b);
     if (L.ratio) d.comp = put(L.compressor);
@@ -148,9 +188,8 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
     else d.gate_bias = put(L.gate_bias);
     d.has_shared = L.has_shared;
     if (L.has_shared) {
-      d.sh_w1 = put(L.shared.w1);
+      put_stacked(L.shared.w1, L.shared.w3, d.sh_w13, d.sh_w1, d.sh_w3);
       d.sh_w2 = put(L.shared.w2);
-      d.sh_w3 = put(L.shared.w3);
     }
     std::vector<cudalin::DevExpert> ex;
     std::vector<glue::Expert> ex_exact;

@@ -19,6 +19,8 @@ struct DevLinear {
   cudalin::DevWeight d;   // FP8 / MXFP4 only, bf16 activations
   // The rows [row_begin, row_begin + rows) as a weight of their own (FP8: row_begin a multiple of the tile).
   cudalin::DevWeight row_block(int64_t row_begin, int64_t rows) const;
+  // The same rows as a DevLinear (both views; FP8/MXFP4 only, FP8 row_begin a multiple of the tile).
+  DevLinear rows_view(int64_t row_begin, int64_t rows) const;
 };
 
 // Whether cudalin::gemv takes this weight (FP8/MXFP4, rows a multiple of 16, cols of 128).
@@ -39,6 +41,9 @@ struct DevLayer {
               *kv_norm = nullptr;
   DevHc hc_attn, hc_ffn;
   DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  // wq_a and wkv read the same x: stored as one [q_lora + head_dim, hidden] weight (wq_a and wkv are views
+  // of its rows) so one GEMV serves both; rows == 0 where the formats do not stack (then separate).
+  DevLinear wq_a_wkv;
   DevCompressor comp, index_comp;
   DevLinear index_wq_b, index_weights_proj;
   DevLinear gate;
@@ -46,6 +51,7 @@ struct DevLayer {
   const int32_t* tid2eid = nullptr;
   bool has_shared = false;
   DevLinear sh_w1, sh_w2, sh_w3;
+  DevLinear sh_w13;  // w1 rows then w3 rows, as wq_a_wkv (sh_w1, sh_w3 are its views)
   WeightFormat expert_fmt = WeightFormat::kFP4;
   const cudalin::DevExpert* experts = nullptr;  // device array [n_experts] (MXFP4 experts only)
   const glue::Expert* experts_exact = nullptr;  // device array [n_experts]
@@ -71,7 +77,9 @@ class DeviceWeights {
  private:
   const void* put(const void* host, size_t n);
   const float* put(const std::vector<float>& v) { return static_cast<const float*>(put(v.data(), v.size() * 4)); }
+  const void* put_concat(const void* a, size_t na, const void* b, size_t nb);
   DevLinear put(const LinearWeight& w);
+  void put_stacked(const LinearWeight& a, const LinearWeight& b, DevLinear& stacked, DevLinear& va, DevLinear& vb);
   DevHc put(const HcWeights& h);
   DevCompressor put(const CompressorWeights& c);
 

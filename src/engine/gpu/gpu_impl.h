@@ -56,7 +56,7 @@ struct StepMeta {
 
 struct Scratch {
   // h and res: the hyper-connection streams [cap, hc_mult, hidden], used in turn (GpuModel::Impl::h_cur).
-  float *h, *res, *x, *y, *post, *comb, *qr, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
+  float *h, *res, *x, *y, *post, *comb, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
   uint16_t* xb;             // bf16 activations of the linear at hand
   uint16_t *xbx, *xbq;      // bf16 copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
@@ -121,6 +121,8 @@ struct GpuModel::Impl {
   // xb: x already cast to bf16 (bf16_copy), or nullptr to cast here.
   void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
            const uint16_t* xb = nullptr);
+  // The bf16 copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
+  uint16_t* x_bf16() const;
   // x [n] cast to bf16 into buf, for several linears reading the same activations; nullptr in exact mode.
   const uint16_t* bf16_copy(const float* x, int64_t n, uint16_t* buf);
   // y = x · Wᵀ over T rows of bf16 activations: cudalin::gemv up to 64 rows; above (chunked prefill) the

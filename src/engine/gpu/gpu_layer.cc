@@ -30,6 +30,10 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
   matmul(wt.d, xb, ldx, T, y, ldy);
 }
 
+uint16_t* GpuModel::Impl::x_bf16() const {
+  return opt.exact_linear ? nullptr : s.xbx;  // exact mode: every linear reads the fp32 x
+}
+
 const uint16_t* GpuModel::Impl::bf16_copy(const float* x, int64_t n, uint16_t* buf) {
   if (opt.exact_linear) return nullptr;  // exact mode: every linear reads the fp32 x
   cudalin::cast_f32_to_bf16(x, buf, n, stream);
@@ -60,18 +64,29 @@ void GpuModel::Impl::attention(int li, int T) {
   const int64_t* pos = meta.dev(StepMeta::kPos);
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
-  // bf16 copies of x and of the normalized q_lora activations, each cast once for the linears that share it.
-  const uint16_t* xb = bf16_copy(s.x, static_cast<int64_t>(T) * D, s.xbx);
-  lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
-  glue::rmsnorm_rows(s.qr, qlr, L.q_norm, T, qlr, eps, s.qr, qlr, stream);
+  // bf16 copies of x (written by hc_pre, layer()) and of the normalized q_lora activations, each cast once
+  // for the linears that share it.
+  const uint16_t* xb = x_bf16();
+  // wq_a and wkv read the same x: one GEMV over their stacked rows where it applies (s.qkv = [qr | kv]).
+  const bool qkv_stacked = L.wq_a_wkv.rows > 0 && use_gemv(L.wq_a_wkv);
+  const float* qr_in = s.qr;
+  const float* kv_in = s.kv;
+  int64_t qr_ld = qlr, kv_ld = hd;
+  if (qkv_stacked) {
+    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb);
+    qr_in = s.qkv, kv_in = s.qkv + qlr, qr_ld = kv_ld = qlr + hd;
+  } else {
+    lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
+  }
+  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream);
   const uint16_t* qrb = bf16_copy(s.qr, static_cast<int64_t>(T) * qlr, s.xbq);
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
   mark(li, "q");
 
   // The window row of each token, encoded into its ring slot (the query reads it back from there).
-  lin(L.wkv, s.x, D, T, s.kv, hd, xb);
-  glue::rmsnorm_rows(s.kv, hd, L.kv_norm, T, hd, eps, s.kv, hd, stream);
+  if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
+  glue::rmsnorm_rows(kv_in, kv_ld, L.kv_norm, T, hd, eps, s.kv, hd, stream);
   glue::heads_norm_rope(s.kv, T, 1, static_cast<int>(hd), pos, freq, n_freq, false, eps, false, stream);
   glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
                   static_cast<int64_t>(st->row_bytes), meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)),
@@ -209,13 +224,18 @@ void GpuModel::Impl::ffn(int li, int T) {
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");
-  const uint16_t* xb = bf16_copy(s.x, static_cast<int64_t>(T) * D, s.xbx);  // shared by the expert GEMVs
+  const uint16_t* xb = x_bf16();  // written by hc_pre; shared by the expert GEMVs
   bool accumulate = false;
   if (L.has_shared) {
     const int64_t Is = L.sh_w1.rows;
-    lin(L.sh_w1, s.x, D, T, s.shg, Is, xb);
-    lin(L.sh_w3, s.x, D, T, s.shu, Is, xb);
-    glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
+    if (L.sh_w13.rows > 0 && use_gemv(L.sh_w13)) {  // one GEMV over w1 | w3 stacked: s.shg = [g | u] per token
+      lin(L.sh_w13, s.x, D, T, s.shg, 2 * Is, xb);
+      glue::swiglu_rows(s.shg, s.shg + Is, T, Is, 2 * Is, limit, s.shh, stream);
+    } else {
+      lin(L.sh_w1, s.x, D, T, s.shg, Is, xb);
+      lin(L.sh_w3, s.x, D, T, s.shu, Is, xb);
+      glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
+    }
     lin(L.sh_w2, s.shh, Is, T, s.y, D);
     accumulate = true;
     mark(li, "shared_expert");
@@ -253,8 +273,9 @@ void GpuModel::Impl::layer(int li, int T) {
     a.post = s.post;
     a.comb = s.comb;
     a.workspace = s.hc_ws;
+    a.norm_w = norm_w;    // the sub-layer's RMSNorm, fused
+    a.xb = x_bf16();  // and the bf16 copy of x its linears read
     cuda::hc_pre(a, stream);
-    glue::rmsnorm_rows(s.x, D, norm_w, T, D, eps, s.x, D, stream);
     mark(li, "hc_pre+norm");
   };
   auto post = [&]() {
@@ -294,8 +315,8 @@ void GpuModel::Impl::run_step(int T) {
   a.norm_eps = static_cast<float>(c->rms_norm_eps);
   a.x = s.y;
   a.workspace = s.hc_ws;
+  a.norm_w = w.norm;  // the final RMSNorm, fused
   cuda::hc_head(a, stream);
-  glue::rmsnorm_rows(s.y, D, w.norm, T, D, static_cast<float>(c->rms_norm_eps), s.y, D, stream);
   mark("hc_head+norm");
   // The LM head only for the rows whose logits are needed (a prefill step needs few of its tokens').
   const int n_out = static_cast<int>(meta.out_rows.size());

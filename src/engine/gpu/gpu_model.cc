@@ -63,6 +63,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.post = f(T * n);
   s.comb = f(T * n * n);
   s.qr = f(T * qlr);
+  s.qkv = f(T * (qlr + hd));
   s.q = f(T * H * hd);
   s.kv = f(T * hd);
   s.ckv = f(T * 2 * hd);
@@ -77,7 +78,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.z = f(T * G * olr);
   s.router = f(T * E);
   s.wts = f(T * K);
-  s.shg = f(T * Is);
+  s.shg = f(T * 2 * Is);  // [g | u] of the stacked shared-expert GEMV
   s.shu = f(T * Is);
   s.shh = f(T * Is);
   s.hexact = f(T * K * I);
@@ -111,7 +112,8 @@ void GpuModel::Impl::alloc_scratch() {
       if (gemv_applies(l)) most = std::max(most, l.rows * l.cols);
     };
     for (const DevLayer& L : w.layers) {
-      for (const DevLinear* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.index_wq_b, &L.sh_w1, &L.sh_w2, &L.sh_w3})
+      for (const DevLinear* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wq_a_wkv, &L.wo_b, &L.index_wq_b, &L.sh_w1, &L.sh_w2,
+                                 &L.sh_w3, &L.sh_w13})
         consider(*l);
       most = std::max(most, L.wo_a.rows * L.wo_a.cols / std::max<int64_t>(1, c->o_groups));  // one group
     }

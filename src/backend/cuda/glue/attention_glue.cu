@@ -2,6 +2,7 @@
 // kernel, visible-entry counts and a scalar scale.
 #include <cmath>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
 
 namespace dsv4::glue {
@@ -21,6 +22,7 @@ __device__ __forceinline__ float key_at(const uint8_t* row, int fmt, int d, int 
 __global__ void indexer_kernel(const float* q, const float* w, int H, int d, const uint8_t* pool, int64_t row_bytes,
                                int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores,
                                int64_t n_cols) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.y;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kKeyWarps + threadIdx.x / 32;
   if (j >= n_cols) return;
@@ -45,6 +47,7 @@ __global__ void indexer_kernel(const float* q, const float* w, int H, int d, con
 
 __global__ void slots_kernel(const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                              const int32_t* sel, int topk, int n_slots, int32_t* slots) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.x;
   const int64_t p = pos[t], b = base[t];
   const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
@@ -66,11 +69,13 @@ __global__ void slots_kernel(const int64_t* pos, const int64_t* base, int window
 }
 
 __global__ void visible_kernel(int T, const int64_t* pos, int ratio, int32_t* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t < T) out[t] = static_cast<int32_t>((pos[t] + 1) / ratio);
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= s;
 }
@@ -80,27 +85,27 @@ void indexer_scores(const float* q, const float* w, int T, int H, int d, const u
                     int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores, int64_t n_cols,
                     cudaStream_t stream) {
   if (T <= 0 || n_cols <= 0) return;
-  indexer_kernel<<<dim3(blocks_for(n_cols, kKeyWarps), T), kKeyWarps * 32, 0, stream>>>(
-      q, w, H, d, pool, row_bytes, fmt, key_base, n_visible, scores, n_cols);
+  cuda::check(cuda::launch(indexer_kernel, dim3(blocks_for(n_cols, kKeyWarps), T), dim3(kKeyWarps * 32), 0, stream, 
+      q, w, H, d, pool, row_bytes, fmt, key_base, n_visible, scores, n_cols), "indexer_kernel launch");
   check_launch("glue::indexer_scores");
 }
 
 void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                  const int32_t* sel, int topk, int n_slots, int32_t* slots, cudaStream_t stream) {
   if (T <= 0) return;
-  slots_kernel<<<T, 256, 0, stream>>>(pos, base, window, ring, kind, ratio, sel, topk, n_slots, slots);
+  cuda::check(cuda::launch(slots_kernel, dim3(T), dim3(256), 0, stream, pos, base, window, ring, kind, ratio, sel, topk, n_slots, slots), "slots_kernel launch");
   check_launch("glue::build_slots");
 }
 
 void visible_counts(int T, const int64_t* pos, int ratio, int32_t* out, cudaStream_t stream) {
   if (T <= 0) return;
-  visible_kernel<<<blocks_for(T, 128), 128, 0, stream>>>(T, pos, ratio, out);
+  cuda::check(cuda::launch(visible_kernel, dim3(blocks_for(T, 128)), dim3(128), 0, stream, T, pos, ratio, out), "visible_kernel launch");
   check_launch("glue::visible_counts");
 }
 
 void scale(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, s);
+  cuda::check(cuda::launch(scale_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, stream, x, n, s), "scale_kernel launch");
   check_launch("glue::scale");
 }
 

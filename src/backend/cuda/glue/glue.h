@@ -84,6 +84,9 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
 
 // SwiGLU with the clamp (cpu::swiglu_expert, weight 1): h = silu(min(g, L)) * clamp(u, -L, L); limit 0: none.
 void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cudaStream_t stream);
+// The same over rows: h [rows, n] from g and u rows of stride ld (g and u may be halves of one stacked row).
+void swiglu_rows(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit, float* h,
+                 cudaStream_t stream);
 
 // out[i] = argmax over row i of x [rows, n] (lowest index among equal maxima).
 void argmax_rows(const float* x, int rows, int64_t n, int32_t* out, cudaStream_t stream);

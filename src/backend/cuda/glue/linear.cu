@@ -1,10 +1,12 @@
 // fp32-activation linear over weights in their shipped formats, and the exact-mode routed experts.
 // One warp per weight row; up to 8 tokens per pass share each decoded weight element. BF16 weights (the
 // compressor, weights_proj, router and LM head of the GPU engine) take a streaming path: 16-byte loads,
-// four in flight per lane, so a few hundred rows already keep enough bytes in flight to stream at copy
-// bandwidth; the generic path reads one element per lane per step.
+// four in flight per lane, so a few thousand rows keep enough bytes in flight to stream at copy bandwidth;
+// below that (router, weights_proj, compressor at decode) a block of 8 warps splits each row's columns. The
+// generic path reads one element per lane per step.
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
 
 namespace dsv4::glue {
@@ -31,6 +33,7 @@ __device__ __forceinline__ void row_dots(const Weight& w, int64_t r, const float
 
 __global__ void linear_kernel(Weight w, int64_t row_begin, int64_t rows, const float* x, int64_t T, int64_t ldx,
                               float* y, int64_t ldy) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= rows) return;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
@@ -43,28 +46,20 @@ __global__ void linear_kernel(Weight w, int64_t row_begin, int64_t rows, const f
 
 // BF16 rows, 16-byte weight loads (8 elements) and float4 activation loads; cols % 256 == 0.
 // Lane l covers elements [l*8, l*8+8) of each 256-wide chunk; kUnroll chunks are loaded before use.
+// acc[j] += row chunks [c_begin, c_end) . token j of x (row stride ldx), j < nt; the lane's share only,
+// the caller sums over the warp.
 constexpr int kUnroll = 4;
-__global__ void linear_bf16_kernel(const uint16_t* __restrict__ w, int64_t cols, int64_t row_begin, int64_t rows,
-                                   const float* __restrict__ x, int64_t T, int64_t ldx, float* __restrict__ y,
-                                   int64_t ldy) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
-  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
-  const uint4* wr = reinterpret_cast<const uint4*>(w + (row_begin + r) * cols);
-  const int64_t chunks = cols / 256;
-  float acc[kTok];
-#pragma unroll
-  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
-  for (int64_t c0 = 0; c0 < chunks; c0 += kUnroll) {
+__device__ __forceinline__ void bf16_chunk_dots(const uint4* __restrict__ wr, int64_t c_begin, int64_t c_end,
+                                                const float* __restrict__ x, int64_t ldx, int nt, int lane,
+                                                float* acc) {
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += kUnroll) {
     uint4 wv[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u < chunks) wv[u] = __ldg(wr + (c0 + u) * 32 + lane);
+      if (c0 + u < c_end) wv[u] = __ldg(wr + (c0 + u) * 32 + lane);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (c0 + u >= chunks) break;
+      if (c0 + u >= c_end) break;
       const int64_t k = (c0 + u) * 256 + lane * 8;
       const uint32_t p[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
       float f[8];
@@ -76,22 +71,73 @@ __global__ void linear_bf16_kernel(const uint16_t* __restrict__ w, int64_t cols,
 #pragma unroll
       for (int j = 0; j < kTok; ++j) {
         if (j >= nt) break;
-        const float4* xv = reinterpret_cast<const float4*>(x + (t0 + j) * ldx + k);
+        const float4* xv = reinterpret_cast<const float4*>(x + j * ldx + k);
         const float4 a = xv[0], b = xv[1];
         acc[j] += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z +
                   f[7] * b.w;
       }
     }
   }
+}
+
+// Many rows (the LM head): one warp per row walks all of its chunks.
+__global__ void linear_bf16_kernel(const uint16_t* __restrict__ w, int64_t cols, int64_t row_begin, int64_t rows,
+                                   const float* __restrict__ x, int64_t T, int64_t ldx, float* __restrict__ y,
+                                   int64_t ldy) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (row_begin + r) * cols);
+  float acc[kTok];
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
+  bf16_chunk_dots(wr, 0, cols / 256, x + t0 * ldx, ldx, nt, lane, acc);
 #pragma unroll
   for (int j = 0; j < kTok; ++j) acc[j] = warp_sum(acc[j]);
   if (lane == 0)
     for (int j = 0; j < nt; ++j) y[(t0 + j) * ldy + r] = acc[j];
 }
 
+// Few rows (router, weights_proj, compressor): one block per row, so there are 8x more warps in flight.
+// Warp w takes the contiguous chunk range [chunks*w/8, chunks*(w+1)/8); the 8 warp sums are added in warp
+// order through shared memory, so the result does not depend on scheduling (same bits every launch).
+__global__ void linear_bf16_split_kernel(const uint16_t* __restrict__ w, int64_t cols, int64_t row_begin,
+                                         const float* __restrict__ x, int64_t T, int64_t ldx,
+                                         float* __restrict__ y, int64_t ldy) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  __shared__ float part[kWarps][kTok];
+  const int64_t r = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (row_begin + r) * cols);
+  const int64_t chunks = cols / 256;
+  float acc[kTok];
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
+  bf16_chunk_dots(wr, chunks * warp / kWarps, chunks * (warp + 1) / kWarps, x + t0 * ldx, ldx, nt, lane, acc);
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) acc[j] = warp_sum(acc[j]);
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) part[warp][j] = acc[j];
+  }
+  __syncthreads();
+  if (threadIdx.x < nt) {
+    float s = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) s += part[v][threadIdx.x];
+    y[(t0 + threadIdx.x) * ldy + r] = s;
+  }
+}
+
 // h[p, i] = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * weight[p] for pair p = t * top_k + k.
 __global__ void moe_up_kernel(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit,
                               const float* x, const int32_t* idx, const float* weights, float* h, int p0) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (i >= inter) return;
   const int p = p0 + static_cast<int>(blockIdx.y);
@@ -111,6 +157,7 @@ __global__ void moe_up_kernel(const Expert* experts, int64_t hidden, int64_t int
 // out[t, d] (+)= sum_k w2[idx[t,k]] row d . h[t*top_k + k]
 __global__ void moe_down_kernel(const Expert* experts, int64_t hidden, int64_t inter, int top_k, const int32_t* idx,
                                 const float* h, float* out, bool accumulate) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (d >= hidden) return;
   const int t = blockIdx.y;
@@ -134,11 +181,22 @@ void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, in
   dim3 grid(blocks_for(rows, kWarps), blocks_for(T, kTok));
   const bool streaming = w.fmt == WFormat::kBF16 && w.cols % 256 == 0 && ldx % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
-  if (streaming)
-    linear_bf16_kernel<<<grid, kWarps * 32, 0, stream>>>(reinterpret_cast<const uint16_t*>(w.w), w.cols, row_begin,
-                                                         rows, x, T, ldx, y, ldy);
+  // Split K across a block's warps while one warp per row would give fewer than ~2 blocks per SM
+  // (rows < 16 * SMs: 2112 rows on an H200); the LM head keeps the warp-per-row path.
+  const int64_t split_below = int64_t{2} * kWarps * cuda::device_config().sm_count;
+  const auto* wb = reinterpret_cast<const uint16_t*>(w.w);
+  if (streaming && rows < split_below)
+    cuda::check(cuda::launch(linear_bf16_split_kernel, dim3(static_cast<unsigned>(rows), grid.y), dim3(kWarps * 32),
+                             0, stream, wb, w.cols, row_begin, x, T, ldx, y, ldy),
+                "linear_bf16_split_kernel launch");
+  else if (streaming)
+    cuda::check(cuda::launch(linear_bf16_kernel, grid, dim3(kWarps * 32), 0, stream, wb, w.cols, row_begin, rows, x,
+                             T, ldx, y, ldy),
+                "linear_bf16_kernel launch");
   else
-    linear_kernel<<<grid, kWarps * 32, 0, stream>>>(w, row_begin, rows, x, T, ldx, y, ldy);
+    cuda::check(cuda::launch(linear_kernel, grid, dim3(kWarps * 32), 0, stream, w, row_begin, rows, x, T, ldx, y,
+                             ldy),
+                "linear_kernel launch");
   check_launch("glue::linear");
 }
 
@@ -148,12 +206,12 @@ void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, 
   if (T <= 0) return;
   for (int p0 = 0; p0 < T * top_k; p0 += 65535) {  // gridDim.y is at most 65535
     const int n = std::min(65535, T * top_k - p0);
-    moe_up_kernel<<<dim3(blocks_for(inter, kWarps), n), kWarps * 32, 0, stream>>>(experts, hidden, inter, top_k, limit,
-                                                                                   x, idx, weights, h, p0);
+    cuda::check(cuda::launch(moe_up_kernel, dim3(blocks_for(inter, kWarps), n), dim3(kWarps * 32), 0, stream, experts, hidden, inter, top_k, limit,
+                                                                                   x, idx, weights, h, p0), "moe_up_kernel launch");
     check_launch("glue::moe_exact up");
   }
-  moe_down_kernel<<<dim3(blocks_for(hidden, kWarps), T), kWarps * 32, 0, stream>>>(experts, hidden, inter, top_k,
-                                                                                    idx, h, out, accumulate);
+  cuda::check(cuda::launch(moe_down_kernel, dim3(blocks_for(hidden, kWarps), T), dim3(kWarps * 32), 0, stream, experts, hidden, inter, top_k,
+                                                                                    idx, h, out, accumulate), "moe_down_kernel launch");
   check_launch("glue::moe_exact down");
 }
 

@@ -1,7 +1,9 @@
 // Router (score function, biased top-k or hash table, normalized weights), SwiGLU, argmax.
 #include <cmath>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
+#include "core/error.h"
 
 namespace dsv4::glue {
 using namespace detail;
@@ -33,6 +35,7 @@ __device__ __forceinline__ bool route_better(float v1, int e1, float v2, int e2)
 
 __global__ void route_kernel(const float* logits, int E, int K, int f, const float* bias, const int32_t* tid2eid,
                              const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   extern __shared__ float route_smem[];
   float* sc = route_smem;      // [E] scores
   float* key = route_smem + E;  // [E] biased scores (selection keys)
@@ -114,10 +117,14 @@ __global__ void route_kernel(const float* logits, int E, int K, int f, const flo
   }
 }
 
-__global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float limit, float* h) {
+// h [rows, n] from g, u rows of stride ld.
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit,
+                              float* h) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float gi = g[i], ui = u[i];
+  if (i >= rows * n) return;
+  const int64_t src = (i / n) * ld + i % n;
+  float gi = g[src], ui = u[src];
   if (limit > 0.0f) {
     gi = fminf(gi, limit);
     ui = fminf(fmaxf(ui, -limit), limit);
@@ -126,6 +133,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float l
 }
 
 __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float bv[256];
   __shared__ int64_t bi[256];
   const float* r = x + static_cast<int64_t>(blockIdx.x) * n;
@@ -160,20 +168,27 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
   if (T <= 0) return;
   const size_t smem = 2 * sizeof(float) * static_cast<size_t>(E);
   if (smem > 48 * 1024) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: more than 6144 experts");
-  route_kernel<<<T, kRouteThreads, smem, stream>>>(logits, E, K, score_func, bias, tid2eid, tokens, norm_topk,
-                                                    scaling, idx, weights);
+  cuda::check(cuda::launch(route_kernel, dim3(T), dim3(kRouteThreads), smem, stream, logits, E, K, score_func, bias, tid2eid, tokens, norm_topk,
+                                                    scaling, idx, weights), "route_kernel launch");
   check_launch("glue::route");
 }
 
 void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cudaStream_t stream) {
-  if (n <= 0) return;
-  swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(g, u, n, limit, h);
-  check_launch("glue::swiglu");
+  swiglu_rows(g, u, 1, n, n, limit, h, stream);
+}
+
+void swiglu_rows(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit, float* h,
+                 cudaStream_t stream) {
+  if (rows <= 0 || n <= 0) return;
+  if (ld < n) fail("glue::swiglu_rows: ld=", ld, " < n=", n);
+  cuda::check(cuda::launch(swiglu_kernel, dim3(blocks_for(rows * n, 256)), dim3(256), 0, stream, g, u, rows, n, ld,
+                           limit, h),
+              "swiglu_kernel launch");
 }
 
 void argmax_rows(const float* x, int rows, int64_t n, int32_t* out, cudaStream_t stream) {
   if (rows <= 0) return;
-  argmax_kernel<<<rows, 256, 0, stream>>>(x, n, out);
+  cuda::check(cuda::launch(argmax_kernel, dim3(rows), dim3(256), 0, stream, x, n, out), "argmax_kernel launch");
   check_launch("glue::argmax_rows");
 }
 

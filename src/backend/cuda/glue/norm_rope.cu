@@ -1,6 +1,7 @@
 // Embedding gather, RMSNorm, per-head norm + RoPE, and KV row encoding (KvCodec::encode) into a row pool.
 #include <cmath>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
 
 namespace dsv4::glue {
@@ -9,6 +10,7 @@ using namespace detail;
 namespace {
 
 __global__ void embed_kernel(const uint16_t* embed, const int32_t* tokens, int64_t dim, int n, float* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.x;
   const uint16_t* row = embed + static_cast<int64_t>(tokens[t]) * dim;
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -17,8 +19,10 @@ __global__ void embed_kernel(const uint16_t* embed, const int32_t* tokens, int64
   }
 }
 
+// Rows longer than a single-pass block holds: reads x twice.
 __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* w, int64_t n, float eps, float* y,
                                int64_t ldy) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const float* xr = x + blockIdx.x * ldx;
   float* yr = y + blockIdx.x * ldy;
   const double ss = block_sum_squares(xr, n);
@@ -26,9 +30,64 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* w, int6
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? w[i] * (xr[i] * r) : xr[i] * r;
 }
 
+// Single pass for n <= kNormMax: every thread loads its elements once into registers, the block sums their
+// squares (double, like cpu::rmsnorm), then the same thread writes the same elements, so y may alias x.
+// V = 4: float4 loads (n % 4 == 0, x, y, w 16-byte aligned); V = 1: scalar. Element q of a thread is
+// (tid + (q / V) * kNormThreads) * V + q % V.
+constexpr int kNormThreads = 256;
+constexpr int kNormPer = 32;  // elements per thread
+constexpr int64_t kNormMax = int64_t{kNormThreads} * kNormPer;  // 8192
+
+template <int V>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_1pass_kernel(const float* x, int64_t ldx, const float* w,
+                                                                     int n, float eps, float* y, int64_t ldy) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  __shared__ double part[kNormThreads / 32];
+  const float* xr = x + blockIdx.x * ldx;
+  float* yr = y + blockIdx.x * ldy;
+  // x and w are both loaded before any store: y may alias them, so no load could be moved past a store.
+  float v[kNormPer], g[kNormPer];
+#pragma unroll
+  for (int u = 0; u < kNormPer / V; ++u) {
+    const int i = (threadIdx.x + u * kNormThreads) * V;
+    if constexpr (V == 4) {
+      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 a = i < n ? *reinterpret_cast<const float4*>(xr + i) : z;
+      const float4 b = w && i < n ? *reinterpret_cast<const float4*>(w + i) : z;
+      v[4 * u] = a.x, v[4 * u + 1] = a.y, v[4 * u + 2] = a.z, v[4 * u + 3] = a.w;
+      g[4 * u] = b.x, g[4 * u + 1] = b.y, g[4 * u + 2] = b.z, g[4 * u + 3] = b.w;
+    } else {
+      v[u] = i < n ? xr[i] : 0.0f;
+      g[u] = w && i < n ? w[i] : 0.0f;
+    }
+  }
+  double s = 0.0;
+#pragma unroll
+  for (int q = 0; q < kNormPer; ++q) s += static_cast<double>(v[q]) * v[q];  // padding zeros add nothing
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  double ss = 0.0;
+#pragma unroll
+  for (int i = 0; i < kNormThreads / 32; ++i) ss += part[i];  // fixed order: same bits every launch
+  const float r = 1.0f / sqrtf(static_cast<float>(ss / n) + eps);
+#pragma unroll
+  for (int q = 0; q < kNormPer; ++q) v[q] = w ? g[q] * (v[q] * r) : v[q] * r;  // as cpu::rmsnorm
+#pragma unroll
+  for (int u = 0; u < kNormPer / V; ++u) {
+    const int i = (threadIdx.x + u * kNormThreads) * V;
+    if (i >= n) break;
+    if constexpr (V == 4)
+      *reinterpret_cast<float4*>(yr + i) = make_float4(v[4 * u], v[4 * u + 1], v[4 * u + 2], v[4 * u + 3]);
+    else
+      yr[i] = v[u];
+  }
+}
+
 // One block per (token, head).
 __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64_t* pos, const float* inv_freq,
                                        int n_freq, bool norm, float eps, bool inverse) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
   const int64_t p = pos[blockIdx.x / heads];
   if (norm) {
@@ -51,6 +110,7 @@ __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64
 // One block per token. fp8: one warp per scale block (amax over the block, floored at 1e-4).
 __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                                  int64_t row_bytes, const int64_t* row_index) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   uint8_t* out = pool + row_index[blockIdx.x] * row_bytes;
   if (fmt == 0) {
@@ -90,28 +150,41 @@ __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim,
 void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t dim, int n_streams, float* out,
                    cudaStream_t stream) {
   if (T <= 0) return;
-  embed_kernel<<<T, 256, 0, stream>>>(embed, tokens, dim, n_streams, out);
+  cuda::check(cuda::launch(embed_kernel, dim3(T), dim3(256), 0, stream, embed, tokens, dim, n_streams, out), "embed_kernel launch");
   check_launch("glue::embed_streams");
 }
 
 void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t n, float eps, float* y,
                   int64_t ldy, cudaStream_t stream) {
   if (rows <= 0) return;
-  rmsnorm_kernel<<<rows, 256, 0, stream>>>(x, ldx, w, n, eps, y, ldy);
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = n % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && a16(x) && a16(y) && (!w || a16(w));
+  const int ni = static_cast<int>(n);
+  if (n <= kNormMax && vec)
+    cuda::check(cuda::launch(rmsnorm_1pass_kernel<4>, dim3(rows), dim3(kNormThreads), 0, stream, x, ldx, w, ni, eps,
+                             y, ldy),
+                "rmsnorm_1pass_kernel<4> launch");
+  else if (n <= kNormMax)
+    cuda::check(cuda::launch(rmsnorm_1pass_kernel<1>, dim3(rows), dim3(kNormThreads), 0, stream, x, ldx, w, ni, eps,
+                             y, ldy),
+                "rmsnorm_1pass_kernel<1> launch");
+  else
+    cuda::check(cuda::launch(rmsnorm_kernel, dim3(rows), dim3(256), 0, stream, x, ldx, w, n, eps, y, ldy),
+                "rmsnorm_kernel launch");
   check_launch("glue::rmsnorm_rows");
 }
 
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
                      bool norm, float eps, bool inverse, cudaStream_t stream) {
   if (T <= 0) return;
-  heads_norm_rope_kernel<<<T * heads, 128, 0, stream>>>(x, heads, dim, pos, inv_freq, n_freq, norm, eps, inverse);
+  cuda::check(cuda::launch(heads_norm_rope_kernel, dim3(T * heads), dim3(128), 0, stream, x, heads, dim, pos, inv_freq, n_freq, norm, eps, inverse), "heads_norm_rope_kernel launch");
   check_launch("glue::heads_norm_rope");
 }
 
 void kv_encode(const float* x, int T, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                int64_t row_bytes, const int64_t* row_index, cudaStream_t stream) {
   if (T <= 0) return;
-  kv_encode_kernel<<<T, 256, 0, stream>>>(x, dim, fmt, rope_dim, scale_block, pool, row_bytes, row_index);
+  cuda::check(cuda::launch(kv_encode_kernel, dim3(T), dim3(256), 0, stream, x, dim, fmt, rope_dim, scale_block, pool, row_bytes, row_index), "kv_encode_kernel launch");
   check_launch("glue::kv_encode");
 }
 

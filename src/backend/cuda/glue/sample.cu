@@ -21,6 +21,7 @@
 #include <climits>
 #include <cmath>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/sample.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
@@ -124,6 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sample_kernel(const float* __restrict__ logits, int64_t vocab, int C, const SampleRowParams* __restrict__ params,
                   const int32_t* __restrict__ cand, int32_t* __restrict__ out_token,
                   int32_t* __restrict__ out_status) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ Smem sm;
   const int row = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -358,7 +360,7 @@ void sample_rows(const float* logits, int rows, int64_t vocab, const SampleRowPa
   const int C = static_cast<int>(std::min<int64_t>(kCand, vocab));
   int32_t* cand = static_cast<int32_t*>(workspace);
   if (!all_greedy) cuda::topk_rows(logits, vocab, vocab, nullptr, rows, C, cand, stream);
-  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, C, params, cand, out_token, out_status);
+  cuda::check(cuda::launch(sample_kernel, dim3(rows), dim3(kThreads), 0, stream, logits, vocab, C, params, cand, out_token, out_status), "sample_kernel launch");
   cuda::check(cudaGetLastError(), "glue::sample_kernel launch");
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "backend/cuda/linear/stream.cuh"
@@ -157,8 +158,8 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
     dev::stream_warp<FP4, NT, 1, STAGES>(ring + warp * (STAGES * dev::RingGeom<FP4>::kU4), W, S, a.sf32, a.K,
                                          int64_t(tile) * 16, cb, ce, nt_valid, xr, acc);
   else
-    dev::pdl_wait();
-  dev::pdl_trigger();
+    cuda::pdl::wait();
+  cuda::pdl::trigger();
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     if (nt >= nt_valid) break;
@@ -183,9 +184,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
 }
 
 }  // namespace
-static bool g_pdl = true;
-void set_linear_pdl(bool on) { g_pdl = on; }
-bool linear_pdl() { return g_pdl; }
+void set_linear_pdl(bool on) { cuda::set_pdl(on); }
 namespace {
 
 // Resident blocks per SM of a kernel at 256 threads and `smem` dynamic bytes (after opting in to > 48 KB).
@@ -222,6 +221,7 @@ void gemv2_launch(int T, dim3 grid, const GemvArgs& a, int ksb, int ks_total, cu
 }
 
 __global__ void cast_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __float2bfloat16_rn(x[i]);
 }
@@ -330,7 +330,7 @@ void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride
 
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  cast_kernel<<<std::max(blocks, 1), 256, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  check_cuda(cuda::launch(cast_kernel, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x, reinterpret_cast<__nv_bfloat16*>(y), n), "cast_kernel launch");
   check_cuda(cudaGetLastError(), "cast_f32_to_bf16 launch");
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "backend/cuda/linear/stream.cuh"
@@ -35,6 +36,7 @@ struct Meta {
 };
 
 __global__ void group_kernel(const int32_t* idx, int P, int top_k, Meta m) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ int cnt[kMaxExperts], pos[kMaxExperts];
   const int E = m.E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -162,6 +164,7 @@ __global__ void __launch_bounds__(256) w2_kernel(MoeArgs a) {
 
 __global__ void combine_kernel(const float* ybuf, const int32_t* idx, int T, int top_k, int E, int hidden,
                                bool accumulate, float* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t n = int64_t(T) * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, d = i % hidden;
@@ -262,8 +265,8 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a
   __shared__ int s_pid[kMaxPairs];
   __shared__ unsigned s_bits[32];
   __shared__ int s_info[3];
-  dev::pdl_wait();  // routes and activations come from the preceding kernels
-  dev::pdl_trigger();
+  cuda::pdl::wait();  // routes and activations come from the preceding kernels
+  cuda::pdl::trigger();
   const Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
   if (sl.e < 0) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -352,7 +355,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
     __syncthreads();
     for (int t = 0; t < a.T; ++t)
       if (s_zero[t]) {
-        dev::pdl_wait();
+        cuda::pdl::wait();
         combine_rows(a, t, r0, nrows);
       }
   }
@@ -392,8 +395,8 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
       __syncthreads();
     }
   }
-  dev::pdl_wait();  // (no-op after stream_warp's) before any write
-  dev::pdl_trigger();
+  cuda::pdl::wait();  // (no-op after stream_warp's) before any write
+  cuda::pdl::trigger();
   // Arrival count per (token, row block); the pair completing its token's valid slots combines the token.
   __threadfence();
   __syncthreads();
@@ -521,7 +524,7 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
     return;
   }
   Meta m{ws.meta, s.n_experts, P};
-  group_kernel<<<1, 256, 0, stream>>>(idx, P, s.top_k, m);
+  check_cuda(cuda::launch(group_kernel, dim3(1), dim3(256), 0, stream, idx, P, s.top_k, m), "group_kernel launch");
   check_cuda(cudaGetLastError(), "moe group launch");
   MoeArgs a{experts, s.hidden, s.inter, s.swiglu_limit, x, weights, reinterpret_cast<__nv_bfloat16*>(ws.h), ws.ybuf, m};
   const dim3 g13(s.inter / 16, max_active), g2(s.hidden / 16, max_active);
@@ -530,8 +533,8 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
   else if (T <= 32) launch_experts<4>(cpw13, cpw2, g13, g2, a, stream);
   else launch_experts<8>(cpw13, cpw2, g13, g2, a, stream);
   const int64_t n = int64_t(T) * s.hidden;
-  combine_kernel<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 2048)), 256, 0, stream>>>(
-      ws.ybuf, idx, T, s.top_k, s.n_experts, s.hidden, accumulate, out);
+  check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n + 255) / 256, 2048))), dim3(256), 0, stream, 
+      ws.ybuf, idx, T, s.top_k, s.n_experts, s.hidden, accumulate, out), "combine_kernel launch");
   check_cuda(cudaGetLastError(), "moe combine launch");
 }
 

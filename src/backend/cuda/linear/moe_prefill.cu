@@ -19,6 +19,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/linear/linear_cuda.h"
@@ -37,6 +38,7 @@ int pad4(int T) { return (T + 3) & ~3; }
 
 // ------------------------------------------------------------------ permutation
 __global__ void mark_kernel(const int32_t* idx, int T, int K, int E, int ldm, uint8_t* mark) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= T) return;
   for (int k = 0; k < K; ++k) {
@@ -72,6 +74,7 @@ __device__ int block_exclusive_scan(int v, int& excl, int* s_warp) {
 
 // One block per expert: rank[p] = position of pair p = (t, k) among the pairs of expert e ordered by (t, k).
 __global__ void rank_kernel(const int32_t* idx, const uint8_t* mark, int T, int K, int ldm, int* rank, int* counts) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ int s_warp[32];
   const int e = blockIdx.x;
   const uint8_t* row = mark + size_t(e) * ldm;
@@ -101,6 +104,7 @@ __global__ void rank_kernel(const int32_t* idx, const uint8_t* mark, int T, int 
 // One block: offsets[e] (exclusive scan of counts), the token-tile list {expert, first row in the expert}
 // for tiles of tile_n rows, and the tile count.
 __global__ void offsets_kernel(const int* counts, int E, int tile_n, int* offsets, int2* tiles, int* n_tiles) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ int s_warp[32];
   int carry_rows = 0, carry_tiles = 0;
   for (int e0 = 0; e0 < E; e0 += blockDim.x) {
@@ -120,6 +124,7 @@ __global__ void offsets_kernel(const int* counts, int E, int tile_n, int* offset
 }
 
 __global__ void place_kernel(const int32_t* idx, int P, int E, const int* rank, const int* offsets, int* perm) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= P) return;
   const int e = idx[p];
@@ -187,6 +192,7 @@ struct GemmArgs {
 // double-buffered bf16 A tile; one __syncthreads per k-tile.
 template <int BN, bool GATE, int PIPE>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   constexpr int NT = BN / 16;          // n8 tiles per warp (warp covers BN/2 tokens)
   constexpr int NB = BN * 8 / kThreads;  // 16-byte B chunks per thread per stage
   constexpr int kAStage = kBM * kBK * 2, kBStage = BN * kBK * 2;
@@ -389,6 +395,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
 // out[t, d] (+)= sum over k ascending of ybuf[t*K + k, d] (pairs with an invalid expert id contribute 0).
 __global__ void combine_kernel(const float* ybuf, const int32_t* idx, int T, int K, int E, int hidden, float* out,
                                bool accumulate) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int n4 = hidden / 4;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(T) * n4;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -432,7 +439,7 @@ void set_smem_attrs() {
 
 template <int BN, bool GATE, int PIPE>
 void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
-  moe_gemm_kernel<BN, GATE, PIPE><<<dim3(grid_x, max_tiles), kThreads, gemm_smem<BN, PIPE>(), stream>>>(a);
+  check_cuda(cuda::launch(moe_gemm_kernel<BN, GATE, PIPE>, dim3(grid_x, max_tiles), dim3(kThreads), gemm_smem<BN, PIPE>(), stream, a), "moe_gemm_kernel launch");
   check_cuda(cudaGetLastError(), GATE ? "moe_prefill w1/w3 launch" : "moe_prefill w2 launch");
 }
 
@@ -518,10 +525,10 @@ void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x,
   if (max_tiles > 65535) throw Error(str_cat("cuda moe_prefill: T = ", T, " needs ", max_tiles, " tile rows (> 65535)"));
 
   check_cuda(cudaMemsetAsync(ws.mark, 0, size_t(E) * ldm, stream), "moe_prefill memset");
-  mark_kernel<<<(T + 255) / 256, 256, 0, stream>>>(idx, T, K, E, ldm, ws.mark);
-  rank_kernel<<<E, 256, 0, stream>>>(idx, ws.mark, T, K, ldm, ws.rank, ws.counts);
-  offsets_kernel<<<1, 1024, 0, stream>>>(ws.counts, E, BN, ws.offsets, reinterpret_cast<int2*>(ws.tiles), ws.n_tiles);
-  place_kernel<<<(P + 255) / 256, 256, 0, stream>>>(idx, P, E, ws.rank, ws.offsets, ws.perm);
+  check_cuda(cuda::launch(mark_kernel, dim3((T + 255) / 256), dim3(256), 0, stream, idx, T, K, E, ldm, ws.mark), "mark_kernel launch");
+  check_cuda(cuda::launch(rank_kernel, dim3(E), dim3(256), 0, stream, idx, ws.mark, T, K, ldm, ws.rank, ws.counts), "rank_kernel launch");
+  check_cuda(cuda::launch(offsets_kernel, dim3(1), dim3(1024), 0, stream, ws.counts, E, BN, ws.offsets, reinterpret_cast<int2*>(ws.tiles), ws.n_tiles), "offsets_kernel launch");
+  check_cuda(cuda::launch(place_kernel, dim3((P + 255) / 256), dim3(256), 0, stream, idx, P, E, ws.rank, ws.offsets, ws.perm), "place_kernel launch");
   check_cuda(cudaGetLastError(), "moe_prefill permutation launch");
 
   GemmArgs a{};
@@ -541,8 +548,8 @@ void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x,
     default: launch_both<128>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
   }
   const int64_t n4 = int64_t(T) * s.hidden / 4;
-  combine_kernel<<<static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 8192)), 256, 0, stream>>>(
-      ws.ybuf, idx, T, K, E, s.hidden, out, accumulate);
+  check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 8192))), dim3(256), 0, stream, 
+      ws.ybuf, idx, T, K, E, s.hidden, out, accumulate), "combine_kernel launch");
   check_cuda(cudaGetLastError(), "moe_prefill combine launch");
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/linear/linear_cuda.h"
@@ -17,6 +18,7 @@ namespace {
 // Each thread: 16 consecutive weights of one row (cols % 128 == 0 keeps them in one scale block).
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, bool sf32, int64_t rows, int64_t cols,
                                    uint16_t* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t n16 = rows * cols / 16;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = (i * 16) / cols, k = (i * 16) % cols;
@@ -44,6 +46,7 @@ __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, bool sf32
 }
 
 __global__ void dequant_fp4_kernel(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols, uint16_t* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t n16 = rows * cols / 16;  // 16 weights = 8 bytes
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = (i * 16) / cols, k = (i * 16) % cols;
@@ -99,8 +102,8 @@ void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream) {
     throw Error(str_cat("cuda dequant_to_bf16: weight shape [", w.rows, ", ", w.cols, "] unsupported (cols multiple of 128)"));
   const int64_t n16 = w.rows * w.cols / 16;
   const int blocks = static_cast<int>(std::min<int64_t>((n16 + 255) / 256, 65536));
-  if (w.fmt == WeightFormat::kFP8Block) dequant_fp8_kernel<<<blocks, 256, 0, stream>>>(w.w, w.scale, w.scale_is_f32, w.rows, w.cols, out);
-  else if (w.fmt == WeightFormat::kFP4) dequant_fp4_kernel<<<blocks, 256, 0, stream>>>(w.w, w.scale, w.rows, w.cols, out);
+  if (w.fmt == WeightFormat::kFP8Block) check_cuda(cuda::launch(dequant_fp8_kernel, dim3(blocks), dim3(256), 0, stream, w.w, w.scale, w.scale_is_f32, w.rows, w.cols, out), "dequant_fp8_kernel launch");
+  else if (w.fmt == WeightFormat::kFP4) check_cuda(cuda::launch(dequant_fp4_kernel, dim3(blocks), dim3(256), 0, stream, w.w, w.scale, w.rows, w.cols, out), "dequant_fp4_kernel launch");
   else throw Error(str_cat("cuda dequant_to_bf16: weight [", w.rows, ", ", w.cols, "] is already BF16"));
   check_cuda(cudaGetLastError(), "dequant_to_bf16 launch");
 }

@@ -12,6 +12,7 @@
 // Activations (L1/L2) are loaded one chunk ahead into registers when NT <= 2.
 #pragma once
 #include "backend/cuda/linear/frag.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cudalin::dev {
 
@@ -72,12 +73,8 @@ __device__ __forceinline__ void act_frags(const Act32& a, uint32_t (&bf)[8][2]) 
   }
 }
 
-// Programmatic dependent launch (sm_90+): wait for the preceding grid (no-op when launched without the
-// attribute); let the next PDL-launched grid be scheduled.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// PDL: the weight prologue (STAGES-1 chunks) is issued before pdl_wait(), which precedes every activation
+// PDL: the weight prologue (STAGES-1 chunks) is issued before cuda::pdl::wait(), which precedes every activation
 // read; the caller must not read anything a preceding kernel writes before calling this.
 // Activations of one lane for one chunk, matching its weight bytes. FP4: k = 32t .. 32t+31 (p = x + 32t).
 // FP8: k = 16t .. 16t+15 and 64+16t .. 64+16t+15 (p = x + 16t), so that word s of the lane's 32 weight
@@ -106,7 +103,7 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n = ce - cb;
   if (n <= 0) {
-    pdl_wait();
+    cuda::pdl::wait();
     return;
   }
   // Per-lane source pointers at chunk 0 and the byte stride per chunk.
@@ -181,7 +178,7 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
     }
   };
   if constexpr (!FP4) load_scales(0);
-  pdl_wait();  // weights and scales are constant; activations may come from the preceding kernel
+  cuda::pdl::wait();  // weights and scales are constant; activations may come from the preceding kernel
 
   // Activations of chunk i+1 are loaded while chunk i is computed, into the other of two register sets
   // (ping-pong: a copy between the sets would wait for the load).

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Batch-1 decode detail, after scripts/gpu/bench_flash.sh has written the checkpoint and built the bench:
+#   1. the same decode with programmatic dependent launch off (--no-pdl), to compare with bench_flash's run;
+#   2. each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
+#      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
+#      steps (scripts/gpu/ncu_summary.py);
+#   3. NCU_DETAIL="regex": Nsight Compute sections (speed of light, memory, warp stalls, occupancy) for a few
+#      launches of the kernels matching regex, into $OUT/ncu-detail.txt.
+# Usage on the GPU machine: bash scripts/gpu/decode_ab.sh [bench flags for step 1, e.g. --repeat-layers 21]
+set -uo pipefail
+B=${BENCH_BUILD:-build-flash}
+CK=${FLASH_DIR:-/tmp/dsv4-flash2}
+R=${OUT:-build-flash/out}
+BIN=$B/bench/cuda_engine/bench_gpu_forward
+echo "== batch-1 decode without PDL"
+$BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --no-pdl "$@" 2> "$R/no-pdl.err" |
+  grep -E "^\| 1 |batch-1 decode|extrapolated"
+echo "== per-kernel durations (ncu), 2 layers, batch 1"
+if command -v ncu > /dev/null; then
+  timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$R/ncu.csv" \
+    $BIN --model "$CK" --batches 1 --prompt 4 --decode 2 --prefill 0 > "$R/ncu-bench.log" 2>&1
+  echo "ncu rc=$?"
+  python3 scripts/gpu/ncu_summary.py "$R/ncu.csv"
+  if [ -n "${NCU_DETAIL:-}" ]; then
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none -k "regex:${NCU_DETAIL}" \
+      --launch-skip 30 --launch-count ${NCU_DETAIL_COUNT:-6} --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+      $BIN --model "$CK" --batches 1 --prompt 4 --decode 2 --prefill 0 > "$R/ncu-detail.txt" 2>&1
+    echo "ncu detail rc=$? ($(grep -c "Section: GPU Speed Of Light" "$R/ncu-detail.txt") kernels in ncu-detail.txt)"
+    grep -E "Context [0-9]+, Stream|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per" \
+      "$R/ncu-detail.txt" | head -60
+  fi
+else
+  echo "ncu not on PATH"
+fi
