@@ -6,11 +6,13 @@
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
-//                     [--no-pdl]
+//                     [--no-pdl] [--moe-ks N] [--no-overlap]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
 // --no-pdl: launch every kernel in plain stream order (no programmatic dependent launch), to compare.
+// --moe-ks N: force the MoE decode kernels' K splits (cudalin::set_moe_ksplit; 0 = the heuristic).
+// --no-overlap: GpuOptions::overlap_branches off (one stream).
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/linear/linear_cuda.h"
 #include "core/error.h"
 #include "engine/gpu/gpu_model.h"
 
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
+  bool overlap = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -127,6 +131,8 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-chunk") prefill_chunk = std::atoi(next().c_str());
     else if (a == "--repeat-layers") repeat_layers = std::atoi(next().c_str());
     else if (a == "--no-pdl") cuda::set_pdl(false);
+    else if (a == "--moe-ks") cudalin::set_moe_ksplit(std::atoi(next().c_str()));
+    else if (a == "--no-overlap") overlap = false;
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }
@@ -143,6 +149,7 @@ int main(int argc, char** argv) {
     o.poison = false;
     o.prefill_chunk = prefill_chunk;
     o.repeat_layers = repeat_layers;
+    o.overlap_branches = overlap;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Batch-1 decode detail, after scripts/gpu/bench_flash.sh has written the checkpoint and built the bench:
-#   1. the same decode with programmatic dependent launch off (--no-pdl), to compare with bench_flash's run;
-#   2. each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
+#   1. the same decode with programmatic dependent launch off (--no-pdl), to compare with bench_flash's run,
+#      (NO_OVERLAP_AB=1) on one stream, and (MOE_KS_SWEEP="2 4 8") with the MoE decode kernels' K splits
+#      forced;
+#   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
 #      steps (scripts/gpu/ncu_summary.py);
 #   3. NCU_DETAIL="regex": Nsight Compute sections (speed of light, memory, warp stalls, occupancy) for a few
@@ -12,9 +14,23 @@ B=${BENCH_BUILD:-build-flash}
 CK=${FLASH_DIR:-/tmp/dsv4-flash2}
 R=${OUT:-build-flash/out}
 BIN=$B/bench/cuda_engine/bench_gpu_forward
-echo "== batch-1 decode without PDL"
-$BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --no-pdl "$@" 2> "$R/no-pdl.err" |
-  grep -E "^\| 1 |batch-1 decode|extrapolated"
+if [ -z "${SKIP_NO_PDL:-}" ]; then
+  echo "== batch-1 decode without PDL"
+  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --no-pdl "$@" 2> "$R/no-pdl.err" |
+    grep -E "^\| 1 |batch-1 decode|extrapolated"
+fi
+if [ -n "${NO_OVERLAP_AB:-}" ]; then
+  echo "== batch-1 decode on one stream (--no-overlap)"
+  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --no-overlap "$@" 2> "$R/no-overlap.err" |
+    grep -E "^\| 1 |batch-1 decode"
+fi
+# MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).
+for ks in ${MOE_KS_SWEEP:-}; do
+  echo "== batch-1 decode with --moe-ks $ks"
+  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --moe-ks "$ks" "$@" 2> "$R/moe-ks$ks.err" |
+    grep -E "^\| 1 |batch-1 decode"
+done
+[ -n "${NO_NCU:-}" ] && exit 0
 echo "== per-kernel durations (ncu), 2 layers, batch 1"
 if command -v ncu > /dev/null; then
   timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$R/ncu.csv" \

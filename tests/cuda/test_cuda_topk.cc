@@ -156,6 +156,20 @@ TEST(CudaTopk, FewerEntriesThanK) {
   std::mt19937_64 rng(cuda_test::test_seed() + 6);
   for (int k : {512, 1024, 2048})
     for (int cols : {1, 7, 300, 511}) check_case(random_case(rng, 3, cols, k));
+  // Rows of at most k entries take the compaction path: cols == k and k + 1 (the boundary), -inf, NaN,
+  // exact ties, lengths below, at and past cols, padded strides.
+  for (int k : {1, 5, 512, 2048})
+    for (int cols : {k, k + 1, std::max(1, k - 3)}) {
+      Case c = random_case(rng, 6, cols, k, cols + 3);
+      c.name = "short";
+      for (int i = 0; i < cols; i += 3) c.scores[i] = -INFINITY;
+      for (int i = 1; i < cols; i += 4) c.scores[c.stride + i] = NAN;
+      for (int i = 0; i < cols; ++i) c.scores[2 * c.stride + i] = 1.0f;
+      for (int i = 0; i < cols; ++i) c.scores[3 * c.stride + i] = -INFINITY;
+      c.scores[3 * c.stride + cols - 1] = INFINITY;
+      c.lengths = {cols, cols, cols, cols, cols / 2, cols + 100};
+      check_case(c);
+    }
 }
 
 // F7: one captured graph replayed 100 times with new device-side lengths (crossing k, the buffer and the

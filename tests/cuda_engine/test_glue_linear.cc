@@ -161,9 +161,25 @@ TEST(GlueRmsnorm, MatchesFloat64) {
       ASSERT_EQ(cudaMalloc(&dy, ny * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMemset(dy, 0xff, ny * sizeof(float)), cudaSuccess);  // NaN poison
     }
-    glue::rmsnorm_rows(dx, ldx, c.weighted ? dw : nullptr, c.rows, c.n, eps, dy, ldy, nullptr);
+    uint16_t* dyb = nullptr;  // the optional bf16 copy, poisoned (0xffff) like y
+    ASSERT_EQ(cudaMalloc(&dyb, ny * sizeof(uint16_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dyb, 0xff, ny * sizeof(uint16_t)), cudaSuccess);
+    glue::rmsnorm_rows(dx, ldx, c.weighted ? dw : nullptr, c.rows, c.n, eps, dy, ldy, nullptr, dyb);
     std::vector<float> y(ny);
+    std::vector<uint16_t> yb(ny);
     ASSERT_EQ(cudaMemcpy(y.data(), dy, ny * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(yb.data(), dyb, ny * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t bad_bf16 = 0;  // yb != bf16(y) (round to nearest even) inside the rows, or written in a gap
+    for (int r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < ldy; ++i) {
+        const size_t k = static_cast<size_t>(r * ldy + i);
+        uint32_t u;
+        std::memcpy(&u, &y[k], 4);
+        const uint16_t want = i < c.n ? static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) : 0xffff;
+        bad_bf16 += yb[k] != want;
+      }
+    EXPECT_EQ(bad_bf16, 0) << "bf16 copy: n " << c.n << " ldx " << ldx;
+    cudaFree(dyb);
     double worst = 0;
     int64_t touched = 0;  // gap entries changed (NaN poison gone, or x modified in place)
     for (int r = 0; r < c.rows; ++r) {

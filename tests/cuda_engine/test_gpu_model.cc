@@ -331,6 +331,22 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
   }
 }
 
+// GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
+// by events, also inside the captured graphs) computes exactly what one stream does.
+TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
+  DSV4_REQUIRE_GPU();
+  const auto& c = cpu(1, KvDtype::kF32);
+  for (bool graphs : {true, false}) {
+    gpu::GpuOptions one = test_options(KvDtype::kFP8), two = test_options(KvDtype::kFP8);
+    one.overlap_branches = false;
+    two.overlap_branches = true;
+    one.cuda_graphs = two.cuda_graphs = graphs;
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, two streams vs one (graphs)"
+                            : "selective model, kernels, fp8 KV, two streams vs one (eager)",
+                     gpu(1, two, c, 40), gpu(1, one, c, 40));
+  }
+}
+
 // Chunked prefill (GpuOptions::prefill_chunk): several tokens of a sequence per step, against the CPU.
 // Chunks of 48 cut the 4- and 128-token compressor blocks and the 64-row window anywhere and widen the ring;
 // chunks of 200 (above 64 tokens per step) take dequantize + cuBLAS for the linears and the grouped MoE

@@ -32,11 +32,15 @@ constexpr int kThreads = 256;     // 8 warps x 16 k
 constexpr int kHStride = kKc + 4; // floats per staged token row
 constexpr int kMaxMix = (2 + kN) * kN;  // 24
 
+constexpr int kMaxKs = 128;  // split-K partials per token: chunks / 2 <= 4 * 7168 / 128 / 2 = 112
+
 int split_k(int n_tokens, int64_t dim) {
   const int tiles = (n_tokens + kTok - 1) / kTok;
   const int chunks = static_cast<int>(kN * dim / kKc);
   const int want = (2 * device_config().sm_count + tiles - 1) / tiles;
-  return std::max(1, std::min(want, chunks / 4));  // >= 4 chunks per CTA: fewer partials to sum
+  // >= 2 chunks per CTA: at one token the mix is a latency chain of chunk loads, so more CTAs with fewer
+  // chunks each; the finish kernel loads the partials in parallel.
+  return std::max(1, std::min({want, chunks / 2, kMaxKs}));
 }
 
 template <int M>
@@ -165,12 +169,18 @@ __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int
   __shared__ float mix[M + 1];
   __shared__ float pre[kN];
   __shared__ double part[kFinThreads / 32];
+  __shared__ float partial[kMaxKs * (M + 1)];
   const int t = blockIdx.x, tid = threadIdx.x;
   const int64_t D = a.dim, K = kN * D, D4 = D / 4;
   const float* ws = static_cast<const float*>(a.workspace);
+  // The KS partials are loaded by all threads at once (a loop of dependent-latency loads per mix was most
+  // of this kernel's time), then summed in split order as before.
+  for (int i = tid; i < ks_count * (M + 1); i += kFinThreads)
+    partial[i] = ws[(static_cast<int64_t>(i / (M + 1)) * a.n_tokens + t) * (M + 1) + i % (M + 1)];
+  __syncthreads();
   if (tid <= M) {
     float s = 0.f;
-    for (int ks = 0; ks < ks_count; ++ks) s += ws[(static_cast<int64_t>(ks) * a.n_tokens + t) * (M + 1) + tid];
+    for (int ks = 0; ks < ks_count; ++ks) s += partial[ks * (M + 1) + tid];
     mix[tid] = s;
   }
   __syncthreads();

@@ -57,6 +57,7 @@ constexpr int kCap = 6144;                       // pivot-bin keys gathered from
 constexpr int kMaxCluster = 8;
 static_assert(kDigitBins == kThreads, "one digit bin per thread");
 static_assert(kVec * kThreads <= kCap, "emission offsets reuse the gather buffer");
+static_assert(2048 <= 8 * kThreads, "topk_short_kernel: 8 entries per thread cover k <= 2048");
 
 constexpr int kBinShift = 21;  // bin = key >> 21: 2048 bins
 
@@ -429,6 +430,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   cluster.sync();  // S4: no CTA leaves while another may still read its shared memory
 }
 
+// Rows no longer than k (host-known: cols <= k): every valid entry is selected, so the selection is a
+// compaction in index order - entries below the row's length whose key is not 0 (NaN and -inf never are),
+// then -1. One block per row, each thread a contiguous run of <= 8 entries, one block scan for the slots.
+// (The cluster kernel takes ~15 us for such a row: at short contexts the indexer's row is this short.)
+constexpr int kShortPer = 8;  // k <= 2048 = kShortPer * kThreads
+__global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __restrict__ scores, int64_t row_stride,
+                                                             int cols, const int32_t* __restrict__ lengths, int k,
+                                                             int32_t* __restrict__ out) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  __shared__ typename ScanInt::TempStorage scan;
+  const int r = blockIdx.x, tid = threadIdx.x;
+  const float* row = scores + static_cast<int64_t>(r) * row_stride;
+  const int n = lengths ? max(0, min(lengths[r], cols)) : cols;
+  const int b = tid * kShortPer;
+  bool take[kShortPer];
+  int cnt = 0;
+#pragma unroll
+  for (int e = 0; e < kShortPer; ++e) {
+    take[e] = b + e < n && to_key(__ldg(row + b + e)) != 0u;
+    cnt += take[e];
+  }
+  int at, total;
+  ScanInt(scan).ExclusiveSum(cnt, at, total);
+  int32_t* orow = out + static_cast<int64_t>(r) * k;
+#pragma unroll
+  for (int e = 0; e < kShortPer; ++e)
+    if (take[e]) orow[at++] = b + e;
+  for (int i = total + tid; i < k; i += kThreads) orow[i] = -1;
+}
+
 }  // namespace
 
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
@@ -440,6 +471,12 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
   if (row_stride < cols) fail("cuda::topk_rows: row stride ", row_stride, " is below the row length ", cols);
   if (rows < 0 || rows > (1 << 30)) fail("cuda::topk_rows: ", rows, " rows is not supported");
   if (rows == 0) return;
+  if (cols <= k) {  // every valid entry is selected (topk_short_kernel)
+    check(launch(topk_short_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores, row_stride,
+                 static_cast<int>(cols), lengths, k, out),
+          "topk_short_kernel launch");
+    return;
+  }
   // CTAs per row from the row length only (never from device data): one tile per CTA up to 8 CTAs.
   int C = static_cast<int>(std::min<int64_t>(kMaxCluster, std::max<int64_t>(1, (cols + kTile - 1) / kTile)));
   if (static_cast<int64_t>(rows) * C > (int64_t{1} << 30)) C = 1;

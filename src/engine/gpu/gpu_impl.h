@@ -76,6 +76,11 @@ struct GpuModel::Impl {
   const ModelConfig* c = nullptr;
   GpuOptions opt;
   cudaStream_t stream = nullptr;
+  // The second stream of GpuOptions::overlap_branches, its GEMV split-K workspace, and the events that
+  // fork work onto it and join it back (each record is waited on before the next record of the same event).
+  cudaStream_t side = nullptr;
+  cudalin::Workspace ws_side{};
+  cudaEvent_t ev_fork = nullptr, ev_mid = nullptr, ev_join = nullptr;
   DeviceWeights w;
   std::unique_ptr<DeviceState> st;
   const float *freq_window = nullptr, *freq_comp = nullptr;
@@ -94,6 +99,26 @@ struct GpuModel::Impl {
   // profile_layers: an event per mark(name) of the step, in order; prof_n of them used by the last step.
   std::vector<std::pair<std::string, cudaEvent_t>> prof;
   size_t prof_n = 0;
+  // Whether a step of T tokens forks branches onto `side` (decode steps; not when profiling, whose events
+  // time one stream; not above 64 tokens, whose cuBLAS calls share one handle and one dequant buffer).
+  bool overlap(int T) const { return opt.overlap_branches && T <= 64 && !opt.profile_layers; }
+  // `to` waits for everything issued so far on `from` (an event record + wait; a graph edge when captured).
+  void hand_over(cudaStream_t from, cudaStream_t to, cudaEvent_t e);
+  // While alive, the launch helpers (lin, matmul, glue calls through `stream`) issue onto `side` with its
+  // own GEMV workspace.
+  struct OnSide {
+    Impl& im;
+    cudaStream_t saved_stream;
+    cudalin::Workspace saved_ws;
+    explicit OnSide(Impl& i) : im(i), saved_stream(i.stream), saved_ws(i.ws) {
+      im.stream = im.side;
+      im.ws = im.ws_side;
+    }
+    ~OnSide() {
+      im.stream = saved_stream;
+      im.ws = saved_ws;
+    }
+  };
   // Records the end of the operation `name` (profile_layers only; every call site is a host-side constant).
   void mark(const std::string& name);
   void mark(int layer, const char* op) {
@@ -118,13 +143,11 @@ struct GpuModel::Impl {
   void attention(int li, int T);
   void ffn(int li, int T);
   // y = x · Wᵀ: the weight-streaming GEMV (bf16 activations) where it applies, else the fp32 glue linear.
-  // xb: x already cast to bf16 (bf16_copy), or nullptr to cast here.
+  // xb: x already cast to bf16 (by the kernel that wrote x), or nullptr to cast here.
   void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
            const uint16_t* xb = nullptr);
   // The bf16 copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
   uint16_t* x_bf16() const;
-  // x [n] cast to bf16 into buf, for several linears reading the same activations; nullptr in exact mode.
-  const uint16_t* bf16_copy(const float* x, int64_t n, uint16_t* buf);
   // y = x · Wᵀ over T rows of bf16 activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
   // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16).
   void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);

@@ -34,12 +34,6 @@ uint16_t* GpuModel::Impl::x_bf16() const {
   return opt.exact_linear ? nullptr : s.xbx;  // exact mode: every linear reads the fp32 x
 }
 
-const uint16_t* GpuModel::Impl::bf16_copy(const float* x, int64_t n, uint16_t* buf) {
-  if (opt.exact_linear) return nullptr;  // exact mode: every linear reads the fp32 x
-  cudalin::cast_f32_to_bf16(x, buf, n, stream);
-  return buf;
-}
-
 void GpuModel::Impl::matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
                             int64_t ldy) {
   if (T <= 64) {
@@ -62,36 +56,6 @@ void GpuModel::Impl::attention(int li, int T) {
   const float eps = static_cast<float>(c->rms_norm_eps);
   const float* freq = r ? freq_comp : freq_window;
   const int64_t* pos = meta.dev(StepMeta::kPos);
-
-  // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
-  // bf16 copies of x (written by hc_pre, layer()) and of the normalized q_lora activations, each cast once
-  // for the linears that share it.
-  const uint16_t* xb = x_bf16();
-  // wq_a and wkv read the same x: one GEMV over their stacked rows where it applies (s.qkv = [qr | kv]).
-  const bool qkv_stacked = L.wq_a_wkv.rows > 0 && use_gemv(L.wq_a_wkv);
-  const float* qr_in = s.qr;
-  const float* kv_in = s.kv;
-  int64_t qr_ld = qlr, kv_ld = hd;
-  if (qkv_stacked) {
-    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb);
-    qr_in = s.qkv, kv_in = s.qkv + qlr, qr_ld = kv_ld = qlr + hd;
-  } else {
-    lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
-  }
-  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream);
-  const uint16_t* qrb = bf16_copy(s.qr, static_cast<int64_t>(T) * qlr, s.xbq);
-  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
-  glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
-  mark(li, "q");
-
-  // The window row of each token, encoded into its ring slot (the query reads it back from there).
-  if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
-  glue::rmsnorm_rows(kv_in, kv_ld, L.kv_norm, T, hd, eps, s.kv, hd, stream);
-  glue::heads_norm_rope(s.kv, T, 1, static_cast<int>(hd), pos, freq, n_freq, false, eps, false, stream);
-  glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
-                  static_cast<int64_t>(st->row_bytes), meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)),
-                  stream);
-  mark(li, "kv");
 
   // Compressed entries closed by these tokens go to rows W + j before attention reads them.
   auto compress = [&](const DevCompressor& C, float* kvbuf, float* gbuf, float* state, uint8_t* out,
@@ -125,21 +89,20 @@ void GpuModel::Impl::attention(int li, int T) {
     a.fp8_scale_block = scale_block;
     cuda::compressor(a, stream);
   };
-  if (r)
-    compress(L.comp, s.ckv, s.cg, P.comp_state, P.kv, static_cast<int64_t>(st->row_bytes),
-             meta.dev(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri)), c->rope_head_dim, 64);
-  mark(li, "compress");
-
+  // The indexer of a CSA layer (scores over the compressed keys, exact top-k -> s.sel), in two parts: what
+  // reads only x, and what needs the normalized q_lora rows.
   const int topk = c->index_topk;
-  if (kind == AttnKind::kCSA) {
-    const int IH = c->index_n_heads, Id = c->index_head_dim;
+  const int IH = c->index_n_heads, Id = c->index_head_dim;
+  auto index_from_x = [&]() {
     compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
              meta.dev(StepMeta::kKeyFirst), 0, Id);
-    mark(li, "index.compress");
-    lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
-    glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     glue::linear(L.index_weights_proj.g, 0, IH, s.x, T, D, s.iw, IH, stream);
     glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
+    mark(li, "index.compress");
+  };
+  auto index_from_q = [&](const uint16_t* qrb) {
+    lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
+    glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     mark(li, "index.q");
     const int64_t n_cols = meta.n_cols4();
     const int32_t* vis = meta.dev(StepMeta::kVis4);
@@ -165,7 +128,61 @@ void GpuModel::Impl::attention(int li, int T) {
     mark(li, "index.scores");
     cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
     mark(li, "index.topk");
+  };
+  // overlap_branches: the indexer runs on the side stream, its x part from the start, its q part once
+  // q_norm has written s.qr / s.xbq; the main stream waits for it before the slot lists.
+  const bool csa = kind == AttnKind::kCSA, par = csa && overlap(T);
+  if (par) {
+    hand_over(stream, side, ev_fork);
+    OnSide on(*this);
+    index_from_x();
   }
+
+  // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
+  // bf16 copies of x (written by hc_pre, layer()) and of the normalized q_lora activations, each cast once
+  // for the linears that share it.
+  const uint16_t* xb = x_bf16();
+  // wq_a and wkv read the same x: one GEMV over their stacked rows where it applies (s.qkv = [qr | kv]).
+  const bool qkv_stacked = L.wq_a_wkv.rows > 0 && use_gemv(L.wq_a_wkv);
+  const float* qr_in = s.qr;
+  const float* kv_in = s.kv;
+  int64_t qr_ld = qlr, kv_ld = hd;
+  if (qkv_stacked) {
+    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb);
+    qr_in = s.qkv, kv_in = s.qkv + qlr, qr_ld = kv_ld = qlr + hd;
+  } else {
+    lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
+  }
+  uint16_t* qrb = opt.exact_linear ? nullptr : s.xbq;  // the bf16 copy for wq_b and index wq_b, written here
+  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, qrb);
+  if (par) {
+    hand_over(stream, side, ev_mid);
+    OnSide on(*this);
+    index_from_q(qrb);
+  }
+  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
+  glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
+  mark(li, "q");
+
+  // The window row of each token, encoded into its ring slot (the query reads it back from there).
+  if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
+  glue::rmsnorm_rows(kv_in, kv_ld, L.kv_norm, T, hd, eps, s.kv, hd, stream);
+  glue::heads_norm_rope(s.kv, T, 1, static_cast<int>(hd), pos, freq, n_freq, false, eps, false, stream);
+  glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
+                  static_cast<int64_t>(st->row_bytes), meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)),
+                  stream);
+  mark(li, "kv");
+
+  if (r)
+    compress(L.comp, s.ckv, s.cg, P.comp_state, P.kv, static_cast<int64_t>(st->row_bytes),
+             meta.dev(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri)), c->rope_head_dim, 64);
+  mark(li, "compress");
+
+  if (csa && !par) {
+    index_from_x();
+    index_from_q(opt.exact_linear ? nullptr : s.xbq);
+  }
+  if (par) hand_over(side, stream, ev_join);
 
   // Slot lists over the layer's pool, sparse attention with sinks, inverse RoPE.
   const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
@@ -190,13 +207,13 @@ void GpuModel::Impl::attention(int li, int T) {
   sa.precision = opt.exact_linear ? cuda::AttnPrecision::kFp32 : cuda::AttnPrecision::kSplitBf16;
   cuda::sparse_attention(sa, stream);
   mark(li, "sparse_attention");
-  glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream);
-  mark(li, "inv_rope");
-
-  // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z.
+  // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z (o cast to bf16 by the inverse RoPE).
   const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
   const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(DevLinear{L.wo_a.fmt, olr, gin, {}, {}});
-  if (grouped_gemv) cudalin::cast_f32_to_bf16(s.o, s.xb, T * H * hd, stream);
+  glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream,
+                        grouped_gemv ? s.xb : nullptr);
+  mark(li, "inv_rope");
+
   if (grouped_gemv && T <= 64) {
     // One launch for all groups: group g's rows read o's column block g (cudalin::gemv_grouped).
     cudalin::gemv_grouped(L.wo_a.d, olr, gin, s.xb, H * hd, T, s.z, G * olr, ws, stream);
@@ -220,23 +237,36 @@ void GpuModel::Impl::ffn(int li, int T) {
   const float limit = static_cast<float>(c->swiglu_limit);
   const int sf = c->scoring_func == ScoreFunc::kSqrtSoftplus ? 0 : c->scoring_func == ScoreFunc::kSigmoid ? 1 : 2;
 
-  glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
-  glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
-              static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
-  mark(li, "router");
   const uint16_t* xb = x_bf16();  // written by hc_pre; shared by the expert GEMVs
-  bool accumulate = false;
-  if (L.has_shared) {
+  // The shared expert writes s.y (the routed experts then accumulate into it); with overlap_branches it
+  // runs on the side stream beside the router.
+  auto shared_expert = [&]() {
     const int64_t Is = L.sh_w1.rows;
     if (L.sh_w13.rows > 0 && use_gemv(L.sh_w13)) {  // one GEMV over w1 | w3 stacked: s.shg = [g | u] per token
       lin(L.sh_w13, s.x, D, T, s.shg, 2 * Is, xb);
-      glue::swiglu_rows(s.shg, s.shg + Is, T, Is, 2 * Is, limit, s.shh, stream);
+      glue::swiglu_rows(s.shg, s.shg + Is, T, Is, 2 * Is, limit, s.shh, stream, s.xb);  // + bf16 for w2
+      lin(L.sh_w2, s.shh, Is, T, s.y, D, s.xb);
     } else {
       lin(L.sh_w1, s.x, D, T, s.shg, Is, xb);
       lin(L.sh_w3, s.x, D, T, s.shu, Is, xb);
       glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
+      lin(L.sh_w2, s.shh, Is, T, s.y, D);
     }
-    lin(L.sh_w2, s.shh, Is, T, s.y, D);
+  };
+  const bool par = L.has_shared && overlap(T);
+  if (par) {
+    hand_over(stream, side, ev_fork);
+    OnSide on(*this);
+    shared_expert();
+  }
+  glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
+  glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
+              static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
+  mark(li, "router");
+  bool accumulate = false;
+  if (L.has_shared) {
+    if (par) hand_over(side, stream, ev_join);
+    else shared_expert();
     accumulate = true;
     mark(li, "shared_expert");
   }

@@ -24,7 +24,12 @@ GpuModel::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
   for (auto& g : graphs) cudaGraphExecDestroy(g.second);
   for (auto& e : prof) cudaEventDestroy(e.second);
+  if (side) cudaStreamSynchronize(side);
   cudalin::workspace_destroy(ws);
+  if (ws_side.partial) cudalin::workspace_destroy(ws_side);
+  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join})
+    if (e) cudaEventDestroy(e);
+  if (side) cudaStreamDestroy(side);
   if (moe_ws.meta) cudalin::moe_workspace_destroy(moe_ws);
   if (moe_prefill_ws.max_tokens) cudalin::moe_prefill_workspace_destroy(moe_prefill_ws);
   for (void* p : dev_allocs) cudaFree(p);
@@ -120,6 +125,7 @@ void GpuModel::Impl::alloc_scratch() {
     if (most > 0) s.wbuf = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * most));
   }
   ws = cudalin::workspace_create();
+  if (opt.overlap_branches) ws_side = cudalin::workspace_create();
   moe_kernel_ok = D % 128 == 0 && I % 128 == 0 && D <= 4096 && I <= 4096 && E <= 1024;
   const cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),
                                 static_cast<float>(c->swiglu_limit)};
@@ -256,6 +262,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   im.c = &m->cfg_;
   im.opt = opt;
   cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (opt.overlap_branches) {
+    cuda::check(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
+    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join})
+      cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
+  }
   im.w.upload(m->host_->weights(), c, opt.progress);
   if (opt.repeat_layers > 1) {  // copies of the layer views, same device memory
     const std::vector<DevLayer> base = im.w.layers;
@@ -280,6 +291,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
 }
 
 GpuModel::~GpuModel() = default;
+
+void GpuModel::Impl::hand_over(cudaStream_t from, cudaStream_t to, cudaEvent_t e) {
+  cuda::check(cudaEventRecord(e, from), "branch event record");
+  cuda::check(cudaStreamWaitEvent(to, e, 0), "branch event wait");
+}
 
 void GpuModel::Impl::mark(const std::string& name) {
   if (!opt.profile_layers) return;

@@ -46,6 +46,10 @@ struct GpuOptions {
   // each has its own state), so a checkpoint of a few full-width layers measures a model of as many layers
   // as the device holds state for. 1 = the checkpoint as it is.
   int repeat_layers = 1;
+  // Decode steps (<= 64 tokens) run independent operations on a second stream, joined by events (a fork
+  // and join inside the captured graph): the indexer branch of a CSA layer beside the q/kv/compressor
+  // path, the shared expert beside the router. Off: one stream (same results, bit for bit).
+  bool overlap_branches = true;
 };
 
 struct SlotPool;

@@ -12,6 +12,8 @@
 namespace dsv4::glue::detail {
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+// bf16 bits of f, round to nearest even (as cudalin::cast_f32_to_bf16).
+__device__ __forceinline__ uint16_t bf16_bits_rn(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 
 // UE8M0 2^(e-127); 0xFF is NaN; e = 0 is the float subnormal 2^-127.
 __device__ __forceinline__ float e8m0_to_f32(uint8_t e) {

@@ -119,7 +119,7 @@ __global__ void route_kernel(const float* logits, int E, int K, int f, const flo
 
 // h [rows, n] from g, u rows of stride ld.
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit,
-                              float* h) {
+                              float* h, uint16_t* hb) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * n) return;
@@ -129,7 +129,9 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t rows, int6
     gi = fminf(gi, limit);
     ui = fminf(fmaxf(ui, -limit), limit);
   }
-  h[i] = gi / (1.0f + expf(-gi)) * ui;
+  const float o = gi / (1.0f + expf(-gi)) * ui;
+  h[i] = o;
+  if (hb) hb[i] = bf16_bits_rn(o);
 }
 
 __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
@@ -178,11 +180,11 @@ void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cu
 }
 
 void swiglu_rows(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit, float* h,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, uint16_t* hb) {
   if (rows <= 0 || n <= 0) return;
   if (ld < n) fail("glue::swiglu_rows: ld=", ld, " < n=", n);
   cuda::check(cuda::launch(swiglu_kernel, dim3(blocks_for(rows * n, 256)), dim3(256), 0, stream, g, u, rows, n, ld,
-                           limit, h),
+                           limit, h, hb),
               "swiglu_kernel launch");
 }
 
