@@ -49,15 +49,20 @@ void run_in_graph(F f) {
   cudaStreamDestroy(s);
 }
 
+// A new seed every run, printed so that a failure can be replayed.
+uint64_t fresh_seed() {
+  const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::printf("DSV4_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(GlueLinear, Bf16MatchesFloat64) {
   DSV4_REQUIRE_GPU();
-  const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::printf("DSV4_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(fresh_seed());
   std::normal_distribution<float> nd(0.0f, 1.0f);
   // glue::linear splits K across a block's 8 warps for rows < 16 * SMs (2112 on an H200).
   const int64_t split = 16 * static_cast<int64_t>(cuda::device_config().sm_count);
@@ -136,9 +141,7 @@ TEST(GlueLinear, Bf16MatchesFloat64) {
 // NaN), and in place (y == x, the gaps of x must keep their values).
 TEST(GlueRmsnorm, MatchesFloat64) {
   DSV4_REQUIRE_GPU();
-  const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::printf("DSV4_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(fresh_seed());
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float eps = 1e-6f;
   struct Case { int64_t n; int rows; int64_t pad; bool weighted, in_place; };  // pad: ldx - n
