@@ -18,11 +18,14 @@ class Runner {
   virtual std::vector<float> feed(const std::vector<int32_t>& tokens, size_t chunk) = 0;
 };
 
+// `dsv4 run --device cuda` without --chunk: tokens per prefill step.
+constexpr int kDefaultCudaPrefillChunk = 512;
+
 struct RunnerOptions {
   std::string device = "cpu";  // cpu | cuda
   KvDtype kv_dtype = KvDtype::kBF16;
   int64_t max_model_len = 0;   // cuda: positions to reserve (0 = 4096)
-  int prefill_chunk = 0;       // cuda: tokens per prefill step (GpuOptions::prefill_chunk; 0 = token by token)
+  int prefill_chunk = 0;       // cuda: tokens per prefill step (GpuOptions::prefill_chunk; 0 or 1 = token by token)
 };
 
 // Throws dsv4::Error naming the device when it is unknown or not built in.

@@ -61,8 +61,16 @@ void GpuModel::Impl::attention(int li, int T) {
   auto compress = [&](const DevCompressor& C, float* kvbuf, float* gbuf, float* state, uint8_t* out,
                       int64_t out_row_bytes, const int64_t* out_first, int rope_dims, int scale_block) {
     const int64_t width = C.wkv.rows;
-    glue::linear(C.wkv.g, 0, width, s.x, T, D, kvbuf, width, stream);
-    glue::linear(C.wgate.g, 0, width, s.x, T, D, gbuf, width, stream);
+    const uint16_t* xb = x_bf16();
+    if (T > 64 && xb && C.wkv.fmt == WeightFormat::kBF16 && C.wgate.fmt == WeightFormat::kBF16) {
+      // Chunked prefill: cuBLAS on the bf16 copy of x that hc_pre wrote (the fp32 glue kernel re-reads the
+      // weight for every 8 tokens; it was 20% of a 512-token chunk at V4-Flash width).
+      cudalin::gemm_bf16(xb, D, T, reinterpret_cast<const uint16_t*>(C.wkv.g.w), width, D, kvbuf, width, stream);
+      cudalin::gemm_bf16(xb, D, T, reinterpret_cast<const uint16_t*>(C.wgate.g.w), width, D, gbuf, width, stream);
+    } else {
+      glue::linear(C.wkv.g, 0, width, s.x, T, D, kvbuf, width, stream);
+      glue::linear(C.wgate.g, 0, width, s.x, T, D, gbuf, width, stream);
+    }
     cuda::CompressorArgs a;
     a.ratio = C.ratio;
     a.head = C.head;
