@@ -117,6 +117,16 @@ void Model::logits_rows(const HcWeights& hc_head_w, const std::vector<float>& no
   linear(w_.head, y.data(), rows, logits);
 }
 
+ChunkOutput Model::chunk_logits(const HcWeights& hc_head_w, const std::vector<float>& norm, const float* h,
+                                int64_t first, int64_t count, bool all_logits) const {
+  const ModelConfig& c = config();
+  ChunkOutput o;
+  o.rows = all_logits ? count : 1;
+  o.logits.resize(o.rows * c.vocab_size);
+  logits_rows(hc_head_w, norm, h + (first + count - o.rows) * c.hc_mult * c.hidden_size, o.rows, o.logits.data());
+  return o;
+}
+
 static void embed_rows(const LinearWeight& embed, const std::vector<int32_t>& tokens, int64_t vocab, float* out) {
   for (size_t t = 0; t < tokens.size(); ++t) {
     if (tokens[t] < 0 || tokens[t] >= vocab)
@@ -147,12 +157,9 @@ std::vector<ChunkOutput> Model::forward(std::vector<SeqChunk>& batch) const {
   std::vector<ChunkOutput> out(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
     const Plan::Seq& s = plan.seqs[b];
-    ChunkOutput& o = out[b];
-    o.rows = batch[b].all_logits ? s.count : 1;
-    const int64_t first = s.first + s.count - o.rows;
-    o.logits.resize(o.rows * V);
-    logits_rows(w_.hc_head, w_.norm, h.data() + first * n * D, o.rows, o.logits.data());
-    if (batch[b].keep_streams) o.streams.assign(h.begin() + s.first * n * D, h.begin() + (s.first + s.count) * n * D);
+    out[b] = chunk_logits(w_.hc_head, w_.norm, h.data(), s.first, s.count, batch[b].all_logits);
+    if (batch[b].keep_streams)
+      out[b].streams.assign(h.begin() + s.first * n * D, h.begin() + (s.first + s.count) * n * D);
     s.state->length += s.count;
   }
   return out;
@@ -190,11 +197,7 @@ std::vector<ChunkOutput> Model::mtp_forward(std::vector<MtpChunk>& batch) const 
   std::vector<ChunkOutput> out(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
     const Plan::Seq& s = plan.seqs[b];
-    ChunkOutput& o = out[b];
-    o.rows = batch[b].all_logits ? s.count : 1;
-    const int64_t first = s.first + s.count - o.rows;
-    o.logits.resize(o.rows * V);
-    logits_rows(L.hc_head, L.norm, h.data() + first * n * D, o.rows, o.logits.data());
+    out[b] = chunk_logits(L.hc_head, L.norm, h.data(), s.first, s.count, batch[b].all_logits);
     s.state->mtp_length += s.count;
   }
   return out;

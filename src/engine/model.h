@@ -69,6 +69,10 @@ class Model {
   void attention(const LayerWeights& L, const Plan& plan, const float* xn, float* out) const;
   void logits_rows(const HcWeights& hc_head, const std::vector<float>& norm, const float* h, int64_t rows,
                    float* logits) const;
+  // A chunk's output from the final streams h of the step: the logits of its last token (or of all its
+  // tokens), the chunk being tokens [first, first + count) of the step.
+  ChunkOutput chunk_logits(const HcWeights& hc_head, const std::vector<float>& norm, const float* h, int64_t first,
+                           int64_t count, bool all_logits) const;
 
   std::unique_ptr<Checkpoint> ck_;
   ModelWeights w_;
