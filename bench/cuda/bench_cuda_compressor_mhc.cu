@@ -11,17 +11,13 @@
 #include <vector>
 
 #include "backend/cuda/kernels_compressor_mhc.h"
+#include "../cuda_bench_util.h"
 
 using namespace dsv4::cuda;
 
 namespace {
 
-void ok(cudaError_t e, const char* w) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", w, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using dsv4::bench::ok;
 
 template <typename T>
 T* dalloc(size_t n, float fill_scale = 0.f) {

@@ -12,17 +12,13 @@
 #include <vector>
 
 #include "backend/cuda/linear/linear_cuda.h"
+#include "../cuda_bench_util.h"
 
 using namespace dsv4;
 
 namespace {
 
-void ok(cudaError_t e, const char* w) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", w, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using dsv4::bench::ok;
 
 // Random bytes on the device (hash of the index); FP8 NaN codes replaced, scale bytes kept in [lo, lo+7].
 __global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, int mode, int lo) {

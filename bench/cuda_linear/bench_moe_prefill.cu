@@ -18,17 +18,13 @@
 #include <vector>
 
 #include "backend/cuda/linear/linear_cuda.h"
+#include "../cuda_bench_util.h"
 
 using namespace dsv4;
 
 namespace {
 
-void ok(cudaError_t e, const char* w) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", w, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using dsv4::bench::ok;
 void okb(cublasStatus_t s, const char* w) {
   if (s != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "%s: cuBLAS status %d\n", w, int(s));

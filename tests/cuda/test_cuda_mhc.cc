@@ -1,12 +1,12 @@
 // cuda::hc_pre / hc_post / hc_head against cpu::hc_pre / hc_post / hc_head, and the device Sinkhorn against a
 // float64 Sinkhorn. Fresh random inputs every run, outputs poisoned before each launch.
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "backend/cpu/mhc.h"
 #include "backend/cpu/norm_rope.h"
 #include "backend/cuda/kernels_compressor_mhc.h"
+#include "core/numerics.h"
 #include "cuda_test_util.h"
 
 namespace dsv4 {
@@ -22,13 +22,6 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "]";
     ASSERT_NEAR(got[i], want[i], rel * mx + 1e-7) << what << "[" << i << "]";
   }
-}
-
-// bf16 bits of a finite float, round to nearest even.
-uint16_t bf16_round_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 HcWeights random_weights(std::mt19937_64& rng, int mix, int64_t dim, int n_scale) {
@@ -84,7 +77,7 @@ void run_pre(int T, int64_t D, bool head, uint64_t seed, bool fused = false) {
     if (fused) {
       cpu::rmsnorm(x.data(), nw.data(), D, p.norm_eps, x.data());
       for (int64_t d = 0; d < D; ++d) {  // bf16 of the GPU's own x, round to nearest even
-        const uint16_t u = bf16_round_bits(gx[t * D + d]);
+        const uint16_t u = f32_to_bf16(gx[t * D + d]);
         ASSERT_EQ(gxb[t * D + d], u) << "xb[" << t << ", " << d << "]";
       }
     }

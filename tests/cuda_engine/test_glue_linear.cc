@@ -176,9 +176,7 @@ TEST(GlueRmsnorm, MatchesFloat64) {
     for (int r = 0; r < c.rows; ++r)
       for (int64_t i = 0; i < ldy; ++i) {
         const size_t k = static_cast<size_t>(r * ldy + i);
-        uint32_t u;
-        std::memcpy(&u, &y[k], 4);
-        const uint16_t want = i < c.n ? static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) : 0xffff;
+        const uint16_t want = i < c.n ? f32_to_bf16(y[k]) : 0xffff;
         bad_bf16 += yb[k] != want;
       }
     EXPECT_EQ(bad_bf16, 0) << "bf16 copy: n " << c.n << " ldx " << ldx;

@@ -165,16 +165,14 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
     if (nt >= nt_valid) break;
     dev::stash_frag(red[warp], acc[0][nt]);
     __syncthreads();
-    for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
-      const int tl = i >> 7, o = i & 127, r = o >> 3, tok = nt * 8 + (o & 7);
-      const int tt = blockIdx.x * tpb + tl;
-      float v = 0.f;
-      for (int k = 0; k < ksb; ++k) v += red[tl * ksb + k][o];
+    const float(*const parts[1])[128] = {red};
+    dev::sum_splits<1>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[1]) {
+      const int tok = nt * 8 + col, tt = blockIdx.x * tpb + tl;
       if (tok < a.T && tt < tiles) {
-        if (a.gy == 1) a.y[tok * a.ldy + int64_t(tt) * 16 + r] = v;
-        else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v;
+        if (a.gy == 1) a.y[tok * a.ldy + int64_t(tt) * 16 + r] = v[0];
+        else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v[0];
       }
-    }
+    });
     __syncthreads();
   }
   if (a.gy == 1) return;

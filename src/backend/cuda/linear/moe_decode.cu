@@ -297,11 +297,11 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a
       dev::stash_frag(red[0][warp], acc[0][nt]);
       dev::stash_frag(red[1][warp], acc[1][nt]);
       __syncthreads();
-      for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
-        const int tl = i >> 7, o = i & 127, r = o >> 3, j = base + nt * 8 + (o & 7), tt = blockIdx.x * tpb + tl;
-        float gv = 0.f, uv = 0.f;
-        for (int k = 0; k < ksb; ++k) gv += red[0][tl * ksb + k][o], uv += red[1][tl * ksb + k][o];
+      const float(*const parts[2])[128] = {red[0], red[1]};
+      dev::sum_splits<2>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[2]) {
+        const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
         if (j < sl.ntok && tt < tiles) {
+          float gv = v[0], uv = v[1];
           if (a.limit > 0.f) {
             gv = fminf(gv, a.limit);
             uv = fminf(fmaxf(uv, -a.limit), a.limit);
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a
           const float hv = gv / (1.0f + expf(-gv)) * uv * a.rw[s_pid[j]];
           a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] = __float2bfloat16_rn(hv);
         }
-      }
+      });
       __syncthreads();
     }
   }
@@ -386,12 +386,11 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
       if (nt >= nt_valid) break;
       dev::stash_frag(red[warp], acc[0][nt]);
       __syncthreads();
-      for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
-        const int tl = i >> 7, o = i & 127, r = o >> 3, j = base + nt * 8 + (o & 7), tt = blockIdx.x * tpb + tl;
-        float v = 0.f;
-        for (int k = 0; k < ksb; ++k) v += red[tl * ksb + k][o];
-        if (j < sl.ntok && tt < tiles) a.ybuf[int64_t(s_pid[j]) * a.hidden + tt * 16 + r] = v;
-      }
+      const float(*const parts[1])[128] = {red};
+      dev::sum_splits<1>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[1]) {
+        const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
+        if (j < sl.ntok && tt < tiles) a.ybuf[int64_t(s_pid[j]) * a.hidden + tt * 16 + r] = v[0];
+      });
       __syncthreads();
     }
   }

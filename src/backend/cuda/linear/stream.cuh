@@ -268,4 +268,21 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   cp_wait<0>();
 }
 
+// Epilogue of the split-K streaming kernels: each warp has stashed its 16 x 8 partial tile (stash_frag) in
+// red[m][warp] for each of NMAT matrices; the block's tile tl has its ksb splits in warps tl*ksb ..
+// tl*ksb + ksb - 1. Calls emit(tl, row, col, sums) for every one of the tpb * 128 outputs, each matrix's
+// splits added in split order. The caller synchronises the block before and after.
+template <int NMAT, typename Emit>
+__device__ __forceinline__ void sum_splits(const float (*const (&red)[NMAT])[128], int tpb, int ksb, Emit&& emit) {
+  for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
+    const int tl = i >> 7, o = i & 127;
+    float v[NMAT] = {};
+    for (int k = 0; k < ksb; ++k) {
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m) v[m] += red[m][tl * ksb + k][o];
+    }
+    emit(tl, o >> 3, o & 7, v);
+  }
+}
+
 }  // namespace dsv4::cudalin::dev
