@@ -65,8 +65,9 @@ int cmd_run(int argc, char** argv) {
   if (max_tokens < 0) fail("--max-tokens must be >= 0");
   const long long chunk = a.get_int("chunk", 0);
   if (chunk < 0) fail("--chunk must be >= 0");
-  // cuda: 0 (the default) takes prefill steps of 512 tokens rather than one token at a time (~2,000 against
-  // ~100 tok/s at V4-Flash width on an H200, docs/PERFORMANCE.md); the engine checks its own range.
+  // cuda: 0 (the default) takes prefill steps of 512 tokens rather than one token at a time, which runs at
+  // the batch-1 decode rate (V4-Flash width on an H200: ~2,000 against ~110 tok/s, docs/PERFORMANCE.md);
+  // the engine checks its own range.
   ro.prefill_chunk = chunk == 0 ? kDefaultCudaPrefillChunk : static_cast<int>(std::min<long long>(chunk, 1 << 30));
 
   const std::string dir = resolve_model_dir(a.get("model"));

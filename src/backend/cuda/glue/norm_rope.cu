@@ -9,8 +9,8 @@ using namespace detail;
 
 namespace {
 
-// (restrict: lets later loads issue ahead of earlier stores, which could otherwise alias them; ncu timed the
-// unrestricted kernel at ~10 us for one 4096-wide token.)
+// (restrict: lets later loads issue ahead of earlier stores, which could otherwise alias them; Nsight Compute
+// timed the unrestricted kernel at ~10 us for one 4096-wide token, run 3 in docs/PERFORMANCE.md.)
 __global__ void embed_kernel(const uint16_t* __restrict__ embed, const int32_t* __restrict__ tokens, int64_t dim,
                              int n, float* __restrict__ out) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
