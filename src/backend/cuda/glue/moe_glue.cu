@@ -17,13 +17,16 @@ __device__ __forceinline__ float score_of(int f, float l) {
   return l;
 }
 
-// One block per token, a thread per expert (strided when E > blockDim): the scores are computed once into
-// shared memory, then K rounds of a block-wide argmax pick the experts in cpu::moe_route's order (biased
-// score descending, lowest index among equal values; NaN never beats a number). The weights are summed in
-// selection order by one thread, as on the CPU. (A thread-per-token version spent ~0.5 ms per layer
-// re-reading the logits 6 x 256 times with dependent global loads.)
-constexpr int kRouteThreads = 256;
+// One warp per token (kRouteWarps tokens per block), no block barriers: lane i holds experts i + 32 j (j < NJ)
+// in registers, or in this warp's rows of shared memory when E > 32 * kRouteSlots (NJ == 0). The experts are
+// picked in cpu::moe_route's order (biased score descending, lowest index among equal values; NaN never
+// beats a number) by K warp-shuffle argmax rounds; the weights are summed in selection order, as on the CPU.
+// (A thread-per-token version spent ~0.5 ms per layer re-reading the logits 6 x 256 times with dependent
+// global loads; a block per token with block-wide argmax rounds ~10 us at decode.)
+constexpr int kRouteWarps = 4;
+constexpr int kRouteSlots = 8;  // experts per lane in registers: E <= 256
 
+// A strict total order on (value, expert) with expert >= 0, so any reduction order finds the same maximum.
 __device__ __forceinline__ bool route_better(float v1, int e1, float v2, int e2) {
   if (e2 < 0) return e1 >= 0;
   if (e1 < 0) return false;
@@ -33,87 +36,116 @@ __device__ __forceinline__ bool route_better(float v1, int e1, float v2, int e2)
   return e1 < e2;
 }
 
-__global__ void route_kernel(const float* logits, int E, int K, int f, const float* bias, const int32_t* tid2eid,
-                             const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights) {
+template <int NJ>
+__global__ void route_kernel(const float* logits, int T, int E, int K, int f, const float* bias,
+                             const int32_t* tid2eid, const int32_t* tokens, bool norm_topk, float scaling,
+                             int32_t* idx, float* weights) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t = blockIdx.x * (blockDim.x / 32) + warp;
+  if (t >= T) return;
+  constexpr unsigned kAll = 0xffffffffu;
+  const int nj = NJ > 0 ? NJ : (E + 31) / 32;
   extern __shared__ float route_smem[];
-  float* sc = route_smem;      // [E] scores
-  float* key = route_smem + E;  // [E] biased scores (selection keys)
-  __shared__ float red_v[kRouteThreads / 32];
-  __shared__ int red_e[kRouteThreads / 32];
-  __shared__ int sel[kMaxTopK];
-  __shared__ float mx_sh, sum_sh;
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  float* srow = route_smem + static_cast<size_t>(warp) * 64 * nj;  // NJ == 0: scores [32 nj], keys [32 nj]
+  float rsc[NJ > 0 ? NJ : 1], rkey[NJ > 0 ? NJ : 1];
+  auto sc = [&](int j) -> float& {
+    if constexpr (NJ > 0) return rsc[j];
+    else return srow[j * 32 + lane];
+  };
+  auto key = [&](int j) -> float& {
+    if constexpr (NJ > 0) return rkey[j];
+    else return srow[(nj + j) * 32 + lane];
+  };
   const float* l = logits + static_cast<int64_t>(t) * E;
-  if (f == 2) {  // softmax: max and sum over the row (fixed-order tree)
+#pragma unroll
+  for (int j = 0; j < nj; ++j) {
+    const int e = j * 32 + lane;
+    sc(j) = e < E ? l[e] : -INFINITY;
+    key(j) = e < E && !tid2eid ? bias[e] : 0.0f;
+  }
+  if (f == 2) {
     float m = -INFINITY;
-    for (int e = tid; e < E; e += blockDim.x) m = fmaxf(m, l[e]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) red_v[warp] = m;
-    __syncthreads();
-    if (tid == 0) {
-      float mm = red_v[0];
-      for (int w = 1; w < blockDim.x / 32; ++w) mm = fmaxf(mm, red_v[w]);
-      mx_sh = mm;
+#pragma unroll
+    for (int j = 0; j < nj; ++j) m = fmaxf(m, sc(j));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kAll, m, o));
+#pragma unroll
+    for (int j = 0; j < nj; ++j) sc(j) = j * 32 + lane < E ? expf(sc(j) - m) : 0.0f;
+    // The sum in the former block-per-token kernel's order, so the results stay bit-identical: thread
+    // w * 32 + lane of 256 summed its experts w * 32 + lane + 256 r, then a warp sum, then warps 0..7.
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      float p = 0.0f;
+#pragma unroll
+      for (int j = w; j < nj; j += 8) p += sc(j);
+      s += warp_sum(p);
     }
-    __syncthreads();
-    float su = 0.0f;
-    for (int e = tid; e < E; e += blockDim.x) su += expf(l[e] - mx_sh);
-    su = warp_sum(su);
-    __syncthreads();
-    if (lane == 0) red_v[warp] = su;
-    __syncthreads();
-    if (tid == 0) {
-      float ss = 0.0f;
-      for (int w = 0; w < blockDim.x / 32; ++w) ss += red_v[w];
-      sum_sh = ss;
-    }
-    __syncthreads();
-  }
-  for (int e = tid; e < E; e += blockDim.x) {
-    const float v = f == 2 ? expf(l[e] - mx_sh) / sum_sh : score_of(f, l[e]);
-    sc[e] = v;
-    if (!tid2eid) key[e] = v + bias[e];
-  }
-  __syncthreads();
-  if (tid2eid) {
-    if (tid < K) sel[tid] = tid2eid[static_cast<int64_t>(tokens[t]) * K + tid];
+#pragma unroll
+    for (int j = 0; j < nj; ++j) sc(j) = sc(j) / s;
   } else {
+#pragma unroll
+    for (int j = 0; j < nj; ++j) sc(j) = score_of(f, sc(j));
+  }
+  float sum = 0.0f, my_s = 0.0f;  // lane k < K keeps the k-th pick
+  int my_e = -1;
+  if (tid2eid) {
+    const int he = lane < K ? tid2eid[static_cast<int64_t>(tokens[t]) * K + lane] : -1;
+    if constexpr (NJ == 0) __syncwarp();
     for (int k = 0; k < K; ++k) {
-      float bv = 0.0f;
-      int be = -1;
-      for (int e = tid; e < E; e += blockDim.x) {
-        bool taken = false;
-        for (int i = 0; i < k; ++i) taken |= sel[i] == e;
-        if (!taken && route_better(key[e], e, bv, be)) bv = key[e], be = e;
+      const int e = __shfl_sync(kAll, he, k);
+      float s;
+      if constexpr (NJ > 0) {
+        float mine = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+          if (j == e >> 5) mine = rsc[j];
+        s = __shfl_sync(kAll, mine, e & 31);
+      } else {
+        s = e >= 0 && e < E ? srow[e] : 0.0f;
       }
+      sum += s;
+      if (lane == k) my_e = e, my_s = s;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < nj; ++j) key(j) += sc(j);
+    // Each lane's best candidate; after a round only the winner's lane looks again, below the winner (the
+    // order is total, so everything above it is taken).
+    float bv = 0.0f, bs = 0.0f;
+    int be = -1;
+#pragma unroll
+    for (int j = 0; j < nj; ++j) {
+      const int e = j * 32 + lane;
+      if (e < E && route_better(key(j), e, bv, be)) bv = key(j), be = e, bs = sc(j);
+    }
+    for (int k = 0; k < K; ++k) {
+      float v = bv;
+      int e = be;
       for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (route_better(ov, oe, bv, be)) bv = ov, be = oe;
+        const float ov = __shfl_xor_sync(kAll, v, o);
+        const int oe = __shfl_xor_sync(kAll, e, o);
+        if (route_better(ov, oe, v, e)) v = ov, e = oe;
       }
-      if (lane == 0) red_v[warp] = bv, red_e[warp] = be;
-      __syncthreads();
-      if (tid == 0) {
-        float fv = red_v[0];
-        int fe = red_e[0];
-        for (int w = 1; w < blockDim.x / 32; ++w)
-          if (route_better(red_v[w], red_e[w], fv, fe)) fv = red_v[w], fe = red_e[w];
-        sel[k] = fe;
+      const float s = __shfl_sync(kAll, bs, e & 31);
+      sum += s;
+      if (lane == k) my_e = e, my_s = s;
+      if (e >= 0 && be == e) {
+        bv = 0.0f, be = -1;
+#pragma unroll
+        for (int j = 0; j < nj; ++j) {
+          const int c = j * 32 + lane;
+          if (c < E && route_better(v, e, key(j), c) && route_better(key(j), c, bv, be))
+            bv = key(j), be = c, bs = sc(j);
+        }
       }
-      __syncthreads();
     }
   }
-  __syncthreads();
-  if (tid == 0) {
-    float sum = 0.0f;
-    for (int k = 0; k < K; ++k) sum += sc[sel[k]];
-    for (int k = 0; k < K; ++k) {
-      float w = sc[sel[k]];
-      if (norm_topk) w /= (sum + 1e-20f);
-      idx[static_cast<int64_t>(t) * K + k] = sel[k];
-      weights[static_cast<int64_t>(t) * K + k] = w * scaling;
-    }
+  if (lane < K) {
+    float w = my_s;
+    if (norm_topk) w /= (sum + 1e-20f);
+    idx[static_cast<int64_t>(t) * K + lane] = my_e;
+    weights[static_cast<int64_t>(t) * K + lane] = w * scaling;
   }
 }
 
@@ -168,10 +200,18 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
            const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights, cudaStream_t stream) {
   if (K > kMaxTopK) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: num_experts_per_tok > 16");
   if (T <= 0) return;
-  const size_t smem = 2 * sizeof(float) * static_cast<size_t>(E);
-  if (smem > 48 * 1024) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: more than 6144 experts");
-  cuda::check(cuda::launch(route_kernel, dim3(T), dim3(kRouteThreads), smem, stream, logits, E, K, score_func, bias, tid2eid, tokens, norm_topk,
-                                                    scaling, idx, weights), "route_kernel launch");
+  if (E <= 32 * kRouteSlots) {
+    cuda::check(cuda::launch(route_kernel<kRouteSlots>, dim3((T + kRouteWarps - 1) / kRouteWarps),
+                             dim3(32 * kRouteWarps), 0, stream, logits, T, E, K, score_func, bias, tid2eid, tokens,
+                             norm_topk, scaling, idx, weights),
+                "route_kernel launch");
+  } else {  // one warp per block, its scores and keys in shared memory
+    const size_t smem = 2 * sizeof(float) * 32 * ((static_cast<size_t>(E) + 31) / 32);
+    if (smem > 48 * 1024) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: more than 6144 experts");
+    cuda::check(cuda::launch(route_kernel<0>, dim3(T), dim3(32), smem, stream, logits, T, E, K, score_func, bias,
+                             tid2eid, tokens, norm_topk, scaling, idx, weights),
+                "route_kernel launch");
+  }
   check_launch("glue::route");
 }
 
