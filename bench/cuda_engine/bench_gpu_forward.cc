@@ -6,13 +6,14 @@
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
-//                     [--no-pdl] [--moe-ks N] [--no-overlap]
+//                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
 // --no-pdl: launch every kernel in plain stream order (no programmatic dependent launch), to compare.
 // --moe-ks N: force the MoE decode kernels' K splits (cudalin::set_moe_ksplit; 0 = the heuristic).
 // --no-overlap: GpuOptions::overlap_branches off (one stream).
+// --bf16-act: GpuOptions::f16_activations off (the FP8 GEMVs read bf16 activations, as before 2026-11-30).
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -113,7 +114,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
-  bool overlap = true;
+  bool overlap = true, f16_act = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -133,6 +134,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-pdl") cuda::set_pdl(false);
     else if (a == "--moe-ks") cudalin::set_moe_ksplit(std::atoi(next().c_str()));
     else if (a == "--no-overlap") overlap = false;
+    else if (a == "--bf16-act") f16_act = false;
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }
@@ -150,6 +152,7 @@ int main(int argc, char** argv) {
     o.prefill_chunk = prefill_chunk;
     o.repeat_layers = repeat_layers;
     o.overlap_branches = overlap;
+    o.f16_activations = f16_act;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,

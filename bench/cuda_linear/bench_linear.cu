@@ -145,6 +145,8 @@ void bench_copy() {
   cudaFree(a), cudaFree(b);
 }
 
+cudalin::ActFormat g_act = cudalin::ActFormat::kBf16;  // activations of the FP8 GEMV rows (--f16-ab)
+
 void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick, bool peer_and_v1 = true,
                 const std::string& tag = "") {
   const size_t wbytes = fp4 ? N * K / 2 : N * K, sbytes = fp4 ? N * K / 32 : ((N + 127) / 128) * ((K + 127) / 128);
@@ -182,7 +184,7 @@ void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool
     double v1, us, gr;
     time3(t, quick ? 5 : 15, R, peer_and_v1, [&](int i) {
       cudalin::DevWeight d{fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + i * wbytes, s + i * sbytes, false};
-      cudalin::gemv(d, x, K, T, y, N, ws, g_s);
+      cudalin::gemv(d, x, K, T, y, N, ws, g_s, fp4 ? cudalin::ActFormat::kBf16 : g_act);
     }, v1, us, gr);
     const double peer = peer_and_v1 ? t.median_us(quick ? 5 : 15, RB, [&](int i) {
       cudalin::gemm_bf16(x, T, wb + size_t(i) * N * K, N, K, y, g_s);
@@ -254,12 +256,13 @@ void bench_moe(bool quick, bool sweep = false) {
         cudalin::set_moe_ksplit(ks);
         double v1, us, gr;
         time3(t, quick ? 5 : 15, R, !sweep, [&](int i) {
-          cudalin::moe_decode(sh, dex, x, idx + size_t(i) * T * 6, w, T, out, false, ws, g_s);
+          cudalin::moe_decode(sh, dex, x, idx + size_t(i) * T * 6, w, T, out, false, ws, g_s, g_act);
         }, v1, us, gr);
         const double bytes = uniq * per + T * sh.hidden * 2.0 + T * sh.hidden * 4.0;
         char name[160];
-        std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)%s", T, mode == 0 ? "random top-6" : "same 6 experts",
-                      uniq, sweep ? (" ks=" + std::to_string(ks)).c_str() : "");
+        std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)%s%s", T, mode == 0 ? "random top-6" : "same 6 experts",
+                      uniq, sweep ? (" ks=" + std::to_string(ks)).c_str() : "",
+                      g_act == cudalin::ActFormat::kF16 ? " f16" : "");
         rows_out.push_back({name, v1, us, gr, bytes, bytes / g_copy_bw * 1e6, -1, g_nopdl});
         std::printf("%s: v1 %.2f us, v2 %.2f us, v2 graph %.2f us (%.0f GB/s), no PDL %.2f us\n", name, v1, us, gr,
                     bytes / gr * 1e-3, g_nopdl);
@@ -313,6 +316,22 @@ int main(int argc, char** argv) {
     bench_gemv(false, 4096, 4096, {1}, true, false, " profile");
     bench_gemv(true, 2048, 4096, {1}, true, false, " profile");
     bench_moe(true, false);
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--f16-ab") == 0) {  // FP8 GEMVs of a V4-Flash layer: bf16 vs f16 activations
+    bench_copy();
+    const std::pair<int64_t, int64_t> shapes[] = {{1536, 4096}, {32768, 1024}, {8192, 1024}, {4096, 8192},
+                                                  {4096, 4096}, {4096, 2048}};
+    for (const auto& [n, k] : shapes)
+      for (auto act : {cudalin::ActFormat::kBf16, cudalin::ActFormat::kF16}) {
+        g_act = act;
+        bench_gemv(false, n, k, {1, 4, 16}, true, false, act == cudalin::ActFormat::kF16 ? " f16" : " bf16");
+      }
+    for (auto act : {cudalin::ActFormat::kBf16, cudalin::ActFormat::kF16}) {  // MoE decode (scales 2^-9: f16 exact)
+      g_act = act;
+      bench_moe(true);
+    }
+    print_rows();
     return 0;
   }
   try {

@@ -24,6 +24,14 @@ KTESTS=${KTESTS:-test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill te
   done; } > "$OUT/kernels.txt" 2>&1
 BENCH_BUILD=build-gpu timeout ${BENCH_TIMEOUT:-300} bash scripts/gpu/bench_flash.sh "$@" > "$OUT/flash.txt" 2>&1
 echo "flash rc=$?" >> "$OUT/flash.txt"
+# LINBENCH="--f16-ab": the linear kernels' benchmark (bench_cuda_linear) with that mode, same build dir (after bench_flash.sh
+# configured it with the benchmarks on).
+if [ -n "${LINBENCH:-}" ]; then
+  { cmake --build build-gpu -j "$JOBS" --target bench_cuda_linear &&
+    timeout ${LINBENCH_TIMEOUT:-150} "$(find build-gpu -name bench_cuda_linear -type f -perm -u+x | head -1)" $LINBENCH; } \
+    > "$OUT/linbench.txt" 2>&1
+  echo "linbench rc=$?" >> "$OUT/linbench.txt"
+fi
 # DECODE_AB="--repeat-layers 21": batch-1 decode without PDL and the per-kernel ncu durations.
 [ -n "${DECODE_AB:-}" ] && BENCH_BUILD=build-gpu timeout ${DECODE_AB_TIMEOUT:-300} bash scripts/gpu/decode_ab.sh $DECODE_AB > "$OUT/decode_ab.txt" 2>&1
 tr '\r' '\n' < "$OUT/bench-flash.err" 2>/dev/null | grep -v "loading weights" | tail -30
@@ -31,3 +39,4 @@ grep -E "^\[ +(OK|FAILED|PASSED)|rc=|Failure|rror" "$OUT/engine.txt"
 cat "$OUT/kernels.txt"
 grep -v -E "^  L[0-9]+\.|^  layer ([2-9]|[1-9][0-9])" "$OUT/flash.txt"
 cat "$OUT/decode_ab.txt" 2>/dev/null
+grep -E "^\|" "$OUT/linbench.txt" 2>/dev/null; tail -2 "$OUT/linbench.txt" 2>/dev/null

@@ -28,6 +28,32 @@ inline uint16_t f32_to_bf16(float f) {
 
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+// IEEE binary16 (the GPU GEMVs' f16 activations): exact decode, and round-to-nearest-even encode with
+// overflow to inf (as CUDA's __float2half_rn); NaN stays NaN.
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+  const float mag = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? std::ldexp(static_cast<float>(m), -24)
+                                                             : std::ldexp(static_cast<float>(m | 1024u), static_cast<int>(e) - 25);
+  return (h & 0x8000u) ? -mag : mag;
+}
+inline uint16_t f32_to_f16(float f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000u : 0u;
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return sign | 0x7E00u;
+  if (a >= 65520.0f) return sign | 0x7C00u;  // rounds past the largest finite f16 (65504)
+  // Quantum of a's binade (subnormal quantum 2^-24 below 2^-14); rint rounds ties to even.
+  int ex;
+  std::frexp(a, &ex);  // a = f * 2^ex, f in [0.5, 1)
+  const int q = ex - 1 < -14 ? -24 : ex - 11;
+  const float r = std::ldexp(std::nearbyint(std::ldexp(a, -q)), q);
+  if (r == 0.0f) return sign;
+  int er;
+  std::frexp(r, &er);
+  if (er - 1 < -14) return sign | static_cast<uint16_t>(std::ldexp(r, 24));  // subnormal
+  const uint32_t mant = static_cast<uint32_t>(std::ldexp(r, 11 - er)) - 1024u;
+  return sign | static_cast<uint16_t>(((er - 1 + 15) << 10) | mant);
+}
+
 float fp8_e4m3_to_f32(uint8_t b);
 // Saturating round-to-nearest-even cast to e4m3fn (as torch's `.to(float8_e4m3fn)` after clamping to 448).
 uint8_t f32_to_fp8_e4m3(float f);

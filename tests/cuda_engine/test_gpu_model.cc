@@ -281,7 +281,8 @@ TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
 // four warps, i.e. for short K such as wq_b's q_lora_rank; fixed in gemv.cu with a regression case in
 // tests/cuda_linear/test_gemv.cc. Kernels f32 / dense / bf16 pass on the H200 since, 2026-11-30.)
 //
-// The production path: FP8/MXFP4 GEMV and MoE kernels with bf16 activations. Each bf16 rounding is
+// The production path: FP8/MXFP4 GEMV and MoE kernels with 16-bit activations (f16 for the FP8 GEMVs by
+// default, bf16 for the MoE; f16 rounds by <= 2^-12, so the bf16 analysis bounds both). Each bf16 rounding is
 // <= 2^-9 relative with random sign, so one GEMV output moves by ~2^-9/sqrt(3) = 1.1e-3 in norm
 // (docs/GEMM_MOE.md). Per layer about 8 such GEMVs feed the residual streams (wq_a, wq_b, wkv, wo_a, wo_b,
 // indexer wq_b, shared expert, routed experts), 4 layers: ~sqrt(32) * 1.1e-3 = 6e-3 if independent; the
@@ -292,6 +293,16 @@ TEST_F(GpuEngine, KernelsF32KvMatchCpu) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(0, KvDtype::kF32);
   compare("continuous model, kernels, f32 KV vs CPU f32 KV:", gpu(0, test_options(KvDtype::kF32), c), c, 2e-2, false);
+}
+
+// The same with the FP8 GEMVs on bf16 activations (GpuOptions::f16_activations off; the default feeds them
+// f16, whose rounding is 8x finer, so the bf16 bound above covers both).
+TEST_F(GpuEngine, KernelsBf16ActivationsF32KvMatchCpu) {
+  DSV4_REQUIRE_GPU();
+  const auto& c = cpu(0, KvDtype::kF32);
+  gpu::GpuOptions o = test_options(KvDtype::kF32);
+  o.f16_activations = false;
+  compare("continuous model, kernels with bf16 activations, f32 KV vs CPU f32 KV:", gpu(0, o, c), c, 2e-2, false);
 }
 
 // Dense FP8 GEMV kernels only (routed experts through the fp32 glue): isolates the MoE kernel's share.

@@ -120,6 +120,16 @@ inline void random_bf16(std::mt19937_64& rng, size_t n, std::vector<float>& f, s
   }
 }
 
+// The same for f16 activations (the GEMV's ActFormat::kF16).
+inline void random_f16(std::mt19937_64& rng, size_t n, std::vector<float>& f, std::vector<uint16_t>& b) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  f.resize(n), b.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    b[i] = f32_to_f16(nd(rng));
+    f[i] = f16_to_f32(b[i]);
+  }
+}
+
 // Dequantized weight through the CPU reference's own dequant_row.
 inline std::vector<float> dequant(const LinearWeight& w) {
   std::vector<float> W(w.rows * w.cols);

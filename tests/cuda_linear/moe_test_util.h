@@ -30,13 +30,14 @@ inline const uint8_t* up(Experts& X, const std::vector<uint8_t>& v) {
   return X.bufs.back()->p;
 }
 
-inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s) {
+// Scale bytes in [e_lo, e_hi]; the default 2^-8 .. 2^-7 (|W| <= 0.05) gives g, u ~ O(1) for unit activations
+// (clamp exercised by x * 12).
+inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s, int e_lo = 119, int e_hi = 120) {
   Experts X;
-  // Scales 2^-8 .. 2^-7 (|W| <= 0.05): g, u ~ O(1) for unit activations (clamp exercised by x * 12).
   for (int e = 0; e < s.n_experts; ++e) {
-    X.w1.push_back(random_fp4(rng, s.inter, s.hidden, 119, 120));
-    X.w3.push_back(random_fp4(rng, s.inter, s.hidden, 119, 120));
-    X.w2.push_back(random_fp4(rng, s.hidden, s.inter, 119, 120));
+    X.w1.push_back(random_fp4(rng, s.inter, s.hidden, e_lo, e_hi));
+    X.w3.push_back(random_fp4(rng, s.inter, s.hidden, e_lo, e_hi));
+    X.w2.push_back(random_fp4(rng, s.hidden, s.inter, e_lo, e_hi));
   }
   std::vector<cudalin::DevExpert> d(s.n_experts);
   for (int e = 0; e < s.n_experts; ++e) {
@@ -49,9 +50,9 @@ inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s) {
   return X;
 }
 
-// float64 model of the GPU numerics (h rounded to bf16 before w2), parallel over tokens.
+// float64 model of the GPU numerics (h rounded to bf16 before w2, or to f16 when h16), parallel over tokens.
 inline std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& X, const std::vector<float>& x, int T,
-                              const std::vector<int32_t>& idx, const std::vector<float>& wts) {
+                              const std::vector<int32_t>& idx, const std::vector<float>& wts, bool h16 = false) {
   std::vector<double> out(size_t(T) * s.hidden, 0.0);
 #pragma omp parallel for schedule(dynamic)
   for (int t = 0; t < T; ++t) {
@@ -66,7 +67,8 @@ inline std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& 
         for (int d = 0; d < s.hidden; ++d) g += double(xt[d]) * w1[d], u += double(xt[d]) * w3[d];
         const double L = s.swiglu_limit;
         if (L > 0) g = std::min(g, L), u = std::clamp(u, -L, L);
-        h[i] = round_bf16(float(g / (1.0 + std::exp(-g)) * u * wts[t * s.top_k + k]));
+        const float hv = float(g / (1.0 + std::exp(-g)) * u * wts[t * s.top_k + k]);
+        h[i] = h16 ? f16_to_f32(f32_to_f16(hv)) : round_bf16(hv);
       }
       for (int d = 0; d < s.hidden; ++d) {
         double y = 0;

@@ -3,7 +3,8 @@
 // the float64 sum only by fp32 summation (and, for FP8, one fp32 scale product per 128-chunk). With at most
 // K+8 roundings of relative size 2^-23 (tensor cores may truncate), |err| <= (K+8) 2^-23 sum_k |x_k w_k|
 // elementwise; in norm the errors are far smaller and we ask 1e-4 (the bf16 rounding of activations that
-// the engine's fp32 CPU path does not do is ~1e-3, reported separately against cpu::linear).
+// the engine's fp32 CPU path does not do is ~1e-3, reported separately against cpu::linear). The f16
+// activation path (kFp8F16) has the same bound: e4m3 weights are exact f16 values, f16 products exact in fp32.
 #include "core/error.h"
 #include "linear_test_util.h"
 
@@ -12,13 +13,19 @@ namespace {
 
 using namespace lintest;
 
-enum class Kind { kFp8, kFp8F32, kFp4 };
+enum class Kind { kFp8, kFp8F32, kFp4, kFp8F16 };
 
 void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts, uint64_t salt) {
   std::mt19937_64 rng(seed() ^ (salt * 0x9E3779B97F4A7C15ull));
   HostWeight h = kind == Kind::kFp4 ? random_fp4(rng, rows, cols, 110, 140)
                                     : random_fp8(rng, rows, cols, 112, 136, kind == Kind::kFp8F32);
   bind(h);
+  const bool h16 = kind == Kind::kFp8F16;
+  const cudalin::ActFormat act = h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16;
+  auto random_act = [&](size_t n, std::vector<float>& f, std::vector<uint16_t>& b) {
+    if (h16) random_f16(rng, n, f, b);
+    else random_bf16(rng, n, f, b);
+  };
   const std::vector<float> W = dequant(h.view);
   DevBuf<uint8_t> dw(h.w), ds(h.s);
   cudalin::DevWeight dev{h.view.fmt, rows, cols, dw.p, ds.p, h.view.scale_is_f32};
@@ -27,11 +34,11 @@ void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts,
     SCOPED_TRACE(::testing::Message() << "kind " << int(kind) << " W [" << rows << ", " << cols << "] T " << T);
     std::vector<float> xf;
     std::vector<uint16_t> xb;
-    random_bf16(rng, size_t(T) * cols, xf, xb);
+    random_act(size_t(T) * cols, xf, xb);
     DevBuf<uint16_t> dx(xb);
     DevBuf<float> dy(size_t(T) * rows);
     dy.poison();
-    cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr);
+    cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr, act);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> got = dy.download();
     std::vector<double> ref, abs;
@@ -54,12 +61,12 @@ void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts,
     const int T = 3;
     std::vector<float> xf;
     std::vector<uint16_t> xb;
-    random_bf16(rng, size_t(T) * cols, xf, xb);
+    random_act(size_t(T) * cols, xf, xb);
     DevBuf<uint16_t> dx(xb);
     DevBuf<float> y1(size_t(T) * rows), y2(size_t(T) * rows);
     y1.poison(), y2.poison();
-    cudalin::gemv(dev, dx.p, cols, T, y1.p, rows, ws, nullptr);
-    cudalin::gemv(dev, dx.p, cols, T, y2.p, rows, ws, nullptr);
+    cudalin::gemv(dev, dx.p, cols, T, y1.p, rows, ws, nullptr, act);
+    cudalin::gemv(dev, dx.p, cols, T, y2.p, rows, ws, nullptr, act);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto a = y1.download(), b = y2.download();
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "gemv is not deterministic";
@@ -70,6 +77,7 @@ void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts,
 // gemv_grouped: the grouped output projection's shape (G groups of group_rows rows, group g reading the
 // activation columns [g*stride, g*stride + cols)), against float64 per group, in both kernel versions.
 void run_grouped(Kind kind, int64_t groups, int64_t group_rows, int64_t cols, int64_t stride, int T, uint64_t salt) {
+  const bool h16 = kind == Kind::kFp8F16;
   SCOPED_TRACE(::testing::Message() << "grouped kind " << int(kind) << " G " << groups << " x [" << group_rows << ", "
                                     << cols << "] stride " << stride << " T " << T);
   std::mt19937_64 rng(seed() ^ (salt * 0x9E3779B97F4A7C15ull));
@@ -82,13 +90,16 @@ void run_grouped(Kind kind, int64_t groups, int64_t group_rows, int64_t cols, in
   cudalin::Workspace ws = cudalin::workspace_create();
   std::vector<float> xf;
   std::vector<uint16_t> xb;
-  random_bf16(rng, size_t(T) * ldx, xf, xb);
+  if (h16) random_f16(rng, size_t(T) * ldx, xf, xb);
+  else random_bf16(rng, size_t(T) * ldx, xf, xb);
   DevBuf<uint16_t> dx(xb);
   for (int version : {2, 1}) {
+    if (h16 && version == 1) continue;  // f16 activations: v2 kernels only
     cudalin::set_linear_kernel_version(version);
     DevBuf<float> dy(size_t(T) * ldy);
     dy.poison();
-    cudalin::gemv_grouped(dev, group_rows, stride, dx.p, ldx, T, dy.p, ldy, ws, nullptr);
+    cudalin::gemv_grouped(dev, group_rows, stride, dx.p, ldx, T, dy.p, ldy, ws, nullptr,
+                          h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> wide = dy.download();
     std::vector<float> got(size_t(T) * rows);
@@ -127,6 +138,8 @@ TEST(CudaGemv, Grouped) {
   run_grouped(Kind::kFp8, 8, 128, 4096, 4096, 9, 22);   // the engine test models' wo_a
   run_grouped(Kind::kFp8, 3, 16, 256, 384, 64, 23);     // one tile per group, stride above the width
   run_grouped(Kind::kFp4, 4, 64, 512, 512, 2, 24);
+  run_grouped(Kind::kFp8F16, 8, 1024, 4096, 4096, 1, 26);
+  run_grouped(Kind::kFp8F16, 3, 16, 256, 384, 64, 27);
   cudalin::set_gemv_ksplit(32);  // split-K across blocks (grid.y > 1) whatever the device's SM count
   run_grouped(Kind::kFp8, 8, 1024, 4096, 4096, 3, 25);
   cudalin::set_gemv_ksplit(0);
@@ -147,6 +160,24 @@ TEST(CudaGemv, Fp8Ue8m0) {
   // of a fragment). Regression: rows 4..15 of each tile were left unwritten (found by the GPU engine test).
   run_case(Kind::kFp8, 16384, 256, {1, 2, 9, 64}, 8);
   run_case(Kind::kFp8, 8192, 512, {1, 9}, 9);
+}
+
+// f16 activations (ActFormat::kF16): e4m3 -> f16 by cvt, f16 MMAs; the same shapes as Fp8Ue8m0.
+TEST(CudaGemv, Fp8F16Activations) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::kFp8F16, 2048, 4096, kTs, 41);
+  run_case(Kind::kFp8F16, 4096, 1024, kTs, 42);
+  run_case(Kind::kFp8F16, 256, 512, kTs, 43);
+  run_case(Kind::kFp8F16, 16384, 256, {1, 2, 9, 64}, 44);
+  run_case(Kind::kFp8F16, 32768, 1024, {1, 4}, 45);  // V4-Flash wq_b
+  // MXFP4 weights with f16 activations are refused with a message.
+  cudalin::Workspace ws = cudalin::workspace_create(1024, 16);
+  DevBuf<uint8_t> w(4096), s(512);
+  DevBuf<uint16_t> x(4096);
+  DevBuf<float> y(4096);
+  cudalin::DevWeight fp4{WeightFormat::kFP4, 16, 256, w.p, s.p, false};
+  EXPECT_THROW(cudalin::gemv(fp4, x.p, 256, 1, y.p, 16, ws, nullptr, cudalin::ActFormat::kF16), Error);
+  cudalin::workspace_destroy(ws);
 }
 
 TEST(CudaGemv, Fp8F32Scales) {
@@ -174,6 +205,7 @@ TEST(CudaGemv, AllSplits) {
     run_case(Kind::kFp4, 48, 640, {1, 17}, ++salt);
     run_case(Kind::kFp8F32, 16, 128, {2, 33}, ++salt);
     run_case(Kind::kFp4, 272, 1152, {8, 64}, ++salt);
+    run_case(Kind::kFp8F16, 144, 3072, {1, 33}, ++salt);
   }
   cudalin::set_gemv_ksplit(0);
 }

@@ -3,7 +3,8 @@
 // Bounds: the GPU rounds x (given as bf16 here, so exact) and h = silu(g)*u*w to bf16 before w2; relative
 // rounding <= 2^-9 per h element with random signs gives ||err|| / ||ref|| ~ 2^-9/sqrt(3) ~ 1.1e-3 against the
 // fp32 CPU path: we ask 5e-3. Against the float64 model that rounds h the same way, only fp32 summation and
-// rare one-ulp bf16 rounding flips remain: we ask 2e-4.
+// rare one-ulp bf16 rounding flips remain: we ask 2e-4. The f16 path (ActFormat::kF16: x and h in f16, the
+// weights converted exactly to f16) rounds h by <= 2^-12 instead: the same bounds hold with room.
 #include <algorithm>
 #include <numeric>
 
@@ -18,15 +19,22 @@ namespace {
 using namespace lintest;
 
 
-void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, bool accumulate, uint64_t salt) {
+void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, bool accumulate, uint64_t salt,
+              bool h16 = false, int e_lo = 119, int e_hi = 120) {
   SCOPED_TRACE(::testing::Message() << "hidden " << s.hidden << " inter " << s.inter << " E " << s.n_experts << " T "
-                                    << T << " route " << int(route) << " x_scale " << x_scale);
+                                    << T << " route " << int(route) << " x_scale " << x_scale << " f16 " << h16
+                                    << " scales " << e_lo << ".." << e_hi);
   std::mt19937_64 rng(seed() ^ (salt * 0x9E3779B97F4A7C15ull));
-  Experts X = make_experts(rng, s);
+  Experts X = make_experts(rng, s, e_lo, e_hi);
   std::vector<float> xf;
   std::vector<uint16_t> xb;
   random_bf16(rng, size_t(T) * s.hidden, xf, xb);
-  for (size_t i = 0; i < xf.size(); ++i) xb[i] = f32_to_bf16(xf[i] * x_scale), xf[i] = bf16_to_f32(xb[i]);
+  for (size_t i = 0; i < xf.size(); ++i) {
+    if (h16) xb[i] = f32_to_f16(xf[i] * x_scale), xf[i] = f16_to_f32(xb[i]);
+    else xb[i] = f32_to_bf16(xf[i] * x_scale), xf[i] = bf16_to_f32(xb[i]);
+  }
+  const cudalin::ActFormat act = h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16;
+  if (h16) EXPECT_TRUE(cudalin::moe_scales_fit_f16(s, X.dev->p, nullptr)) << "scales " << e_lo << ".." << e_hi;
   const std::vector<int32_t> idx = make_routes(rng, route, T, s);
   std::vector<float> wts(idx.size());
   std::uniform_real_distribution<float> wd(0.05f, 0.5f);
@@ -46,12 +54,12 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
   cudalin::MoeWorkspace ws = cudalin::moe_workspace_create(s, T);
   ok(cudaMemset(ws.h, 0xFF, size_t(T) * s.top_k * s.inter * 2), "poison h");
   ok(cudaMemset(ws.ybuf, 0xFF, size_t(T) * s.top_k * s.hidden * 4), "poison ybuf");
-  cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
+  cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr, act);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = dout.download();
   if (!accumulate) {  // again on the same inputs: bit-identical (fixed reduction orders, counters back at zero)
     dout.poison();
-    cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
+    cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr, act);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> again = dout.download();
     EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << "moe_decode is not deterministic";
@@ -61,13 +69,13 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
 
   // The engine's CPU MoE.
   const std::vector<double> cpu_d = cpu_moe(s, X, xf, T, idx, wts);
-  const std::vector<double> model = model_moe(s, X, xf, T, idx, wts);
+  const std::vector<double> model = model_moe(s, X, xf, T, idx, wts, h16);
   const std::vector<double> ones(model.size(), 1.0);
   const ErrStats ec = compare(got, cpu_d, ones), em = compare(got, model, ones);
   double maxref = 0;
   for (double v : model) maxref = std::max(maxref, std::fabs(v));
-  std::printf("moe hidden=%d inter=%d E=%d T=%d route=%d: vs cpu::moe_forward %.3g, vs float64 model %.3g, "
-              "max err/max|ref| %.3g\n", s.hidden, s.inter, s.n_experts, T, int(route), ec.rel_norm, em.rel_norm,
+  std::printf("moe%s hidden=%d inter=%d E=%d T=%d route=%d: vs cpu::moe_forward %.3g, vs float64 model %.3g, "
+              "max err/max|ref| %.3g\n", h16 ? " f16" : "", s.hidden, s.inter, s.n_experts, T, int(route), ec.rel_norm, em.rel_norm,
               em.worst / std::max(maxref, 1e-300));
   EXPECT_EQ(em.non_finite, 0) << "unwritten or non-finite outputs";
   EXPECT_LE(ec.rel_norm, 5e-3);
@@ -107,6 +115,51 @@ TEST(CudaMoeDecode, AllSplits) {
     run_case(s, 1, Route::kRandom, 1.f, false, 510 + ks);
   }
   cudalin::set_moe_ksplit(0);
+}
+
+// f16 activations (x and h in f16, MXFP4 -> e4m3 -> f16 weights with the scale multiplied in f16).
+TEST(CudaMoeDecode, F16Activations) {
+  DSV4_REQUIRE_GPU();
+  for (int T : {1, 8, 17, 64}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 700 + T, true);
+  run_case(small_shape(), 9, Route::kLoads01All, 1.f, false, 720, true);
+  run_case(small_shape(), 64, Route::kDuplicate, 1.f, false, 721, true);
+  run_case(small_shape(), 5, Route::kRandom, 12.f, true, 722, true);
+  cudalin::MoeShape s = small_shape();
+  s.hidden = 1152, s.inter = 384;
+  for (int ks : {1, 2, 8}) {
+    cudalin::set_moe_ksplit(ks);
+    run_case(s, 9, Route::kLoads01All, 1.f, false, 730 + ks, true);
+  }
+  cudalin::set_moe_ksplit(0);
+  cudalin::MoeShape f;  // V4-Flash width, 10 experts
+  f.n_experts = 10;
+  run_case(f, 1, Route::kRandom, 1.f, false, 740, true);
+}
+
+// The f16 path at the edges of its exact scale range (UE8M0 104 = 2^-23 and 136 = 2^9): every product still an
+// exact f16 (subnormals at the low end); and moe_scales_fit_f16 refuses bytes just outside, and NaN (255).
+TEST(CudaMoeDecode, F16ScaleRange) {
+  DSV4_REQUIRE_GPU();
+  // x scaled so that g, u and h stay O(0.01 .. 10) (h must not underflow f16: that is the activations' range,
+  // not the weights' conversion under test).
+  run_case(small_shape(), 3, Route::kRandom, 1e4f, false, 750, true, 104, 106);
+  run_case(small_shape(), 3, Route::kRandom, 1e-4f, false, 751, true, 134, 136);
+  run_case(small_shape(), 3, Route::kRandom, 1e4f, false, 752, false, 104, 106);  // bf16 path, same weights' range
+  for (int bad : {103, 137, 255}) {
+    std::mt19937_64 rng(seed() ^ (760 + bad));
+    cudalin::MoeShape s = small_shape();
+    Experts X = make_experts(rng, s);
+    // One scale byte of the last expert's w2 set to `bad`.
+    std::vector<uint8_t> sc = X.w2.back().s;
+    sc[sc.size() / 2] = uint8_t(bad);
+    cudalin::DevExpert d;
+    ok(cudaMemcpy(&d, X.dev->p + (s.n_experts - 1), sizeof d, cudaMemcpyDeviceToHost), "expert");
+    ok(cudaMemcpy(const_cast<uint8_t*>(d.s2), sc.data(), sc.size(), cudaMemcpyHostToDevice), "scale");
+    EXPECT_FALSE(cudalin::moe_scales_fit_f16(s, X.dev->p, nullptr)) << "scale byte " << bad;
+    sc[sc.size() / 2] = 120;
+    ok(cudaMemcpy(const_cast<uint8_t*>(d.s2), sc.data(), sc.size(), cudaMemcpyHostToDevice), "scale");
+    EXPECT_TRUE(cudalin::moe_scales_fit_f16(s, X.dev->p, nullptr));
+  }
 }
 
 TEST(CudaMoeDecode, Version1) {

@@ -46,6 +46,29 @@ TEST(Numerics, Bf16EncodeMatchesTorchIncludingTies) {
 }
 
 // Also pins the nibble order: element 2j sits in the low nibble of byte j.
+// IEEE binary16 (the GPU GEMVs' f16 activations): every finite code round-trips, and the encoder rounds to
+// nearest even at normal, subnormal and overflow boundaries (values computed by hand from the format).
+TEST(Numerics, F16EncodeDecode) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16(f), h) << "code " << h;
+  }
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7BFF);   // below the midpoint to 2^16
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);   // the midpoint rounds to even: inf
+  EXPECT_EQ(f32_to_f16(-1e6f), 0xFC00);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);              // half the smallest subnormal: even (0)
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -26)), 0x0001);              // 0.75 ulp: up
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)), 0x0002);              // 1.5 ulp: even (2)
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);       // tie: even
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(3.0f, -11)), 0x3C02);       // tie: even (up)
+  EXPECT_EQ(f32_to_f16(std::ldexp(1023.5f, -24)), 0x0400);           // subnormal rounds up to the first normal
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
+}
+
 TEST(Numerics, Fp4DequantMatchesTransformersMxfp4Decoder) {
   auto packed = read_file<uint8_t>(fixture("numerics/fp4_packed.u8"));
   auto scales = read_file<uint8_t>(fixture("numerics/fp4_scales.u8"));

@@ -75,9 +75,11 @@ struct HcArgs {
   float* comb = nullptr;       // [n_tokens, n*n]  (hc_pre only)
   void* workspace = nullptr;   // hc_workspace_bytes(n, dim) bytes for some n >= n_tokens (split-K partials)
   // Optional fusions of what follows in the block (spec 2.3): x = RMSNorm(x) * norm_w with norm_eps
-  // (cpu::rmsnorm's formula) when norm_w is set, and xb = bf16(x) (round to nearest even) when xb is set.
+  // (cpu::rmsnorm's formula) when norm_w is set, xb = bf16(x) (round to nearest even) when xb is set, and
+  // xh = f16(x) (nearest even; the FP8 GEMVs' f16 activations) when xh is set.
   const float* norm_w = nullptr;  // [dim]
   uint16_t* xb = nullptr;         // [n_tokens, dim]
+  uint16_t* xh = nullptr;         // [n_tokens, dim]
 };
 // Enough for any launch of up to n_tokens tokens (the split-K factor depends on the token count).
 size_t hc_workspace_bytes(int n_tokens, int64_t dim);

@@ -15,6 +15,7 @@
 //      This re-reads h; for batches up to ~300 tokens (h <= ~35 MB) that read hits L2.
 // hc_post: pure streaming, one float4 of D per thread for all 4 output streams.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -238,6 +239,11 @@ __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int
       xb[0] = __floats2bfloat162_rn(v.x, v.y);
       xb[1] = __floats2bfloat162_rn(v.z, v.w);
     }
+    if (a.xh) {
+      __half2* xh = reinterpret_cast<__half2*>(a.xh + t * D + 4 * d4);
+      xh[0] = __floats2half2_rn(v.x, v.y);
+      xh[1] = __floats2half2_rn(v.z, v.w);
+    }
   }
 }
 
@@ -289,8 +295,8 @@ void validate(const HcArgs& a, const char* who, bool pre) {
     fail("cuda::", who, ": a required pointer is null");
   if (reinterpret_cast<uintptr_t>(a.h) % 16 || reinterpret_cast<uintptr_t>(a.fn) % 16 ||
       reinterpret_cast<uintptr_t>(a.x) % 16 || reinterpret_cast<uintptr_t>(a.norm_w) % 16 ||
-      reinterpret_cast<uintptr_t>(a.xb) % 8)
-    fail("cuda::", who, ": h, fn, x and norm_w must be 16-byte aligned, xb 8-byte aligned");
+      reinterpret_cast<uintptr_t>(a.xb) % 8 || reinterpret_cast<uintptr_t>(a.xh) % 8)
+    fail("cuda::", who, ": h, fn, x and norm_w must be 16-byte aligned, xb and xh 8-byte aligned");
   if (pre && a.sinkhorn_iters < 1) fail("cuda::", who, ": sinkhorn_iters=", a.sinkhorn_iters, " must be >= 1");
 }
 

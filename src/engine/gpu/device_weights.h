@@ -55,6 +55,8 @@ struct DevLayer {
   WeightFormat expert_fmt = WeightFormat::kFP4;
   const cudalin::DevExpert* experts = nullptr;  // device array [n_experts] (MXFP4 experts only)
   const glue::Expert* experts_exact = nullptr;  // device array [n_experts]
+  // Every expert scale lies where moe_decode's f16 path is exact (cudalin::moe_scales_fit_f16; set at load).
+  bool experts_fit_f16 = false;
 };
 
 class DeviceWeights {

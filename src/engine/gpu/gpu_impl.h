@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -58,8 +59,9 @@ struct Scratch {
   // h and res: the hyper-connection streams [cap, hc_mult, hidden], used in turn (GpuModel::Impl::h_cur).
   float *h, *res, *x, *y, *post, *comb, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
-  uint16_t* xb;             // bf16 activations of the linear at hand
-  uint16_t *xbx, *xbq;      // bf16 copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
+  uint16_t* xb;             // 16-bit activations of the linear at hand (bf16, or f16: GpuOptions::f16_activations)
+  uint16_t *xbx, *xbq;      // 16-bit copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
+  uint16_t* xhx;            // f16 copy of the FFN's x [cap, hidden] (xbx stays bf16 for the MoE prefill)
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int64_t score_cols = 0, max_slots = 0;
@@ -70,6 +72,12 @@ struct Scratch {
   glue::SampleRowParams* sample_params = nullptr;       // device [cap]
   glue::SampleRowParams* sample_params_host = nullptr;  // pinned [cap]
   void* sample_ws = nullptr;
+};
+
+// A 16-bit copy of a linear's input written by the kernel that produced it: bf16, or f16 (Impl::h16).
+struct Act16 {
+  const uint16_t* p = nullptr;
+  bool f16 = false;
 };
 
 struct GpuModel::Impl {
@@ -142,16 +150,25 @@ struct GpuModel::Impl {
   void layer(int li, int T);
   void attention(int li, int T);
   void ffn(int li, int T);
-  // y = x · Wᵀ: the weight-streaming GEMV (bf16 activations) where it applies, else the fp32 glue linear.
-  // xb: x already cast to bf16 (by the kernel that wrote x), or nullptr to cast here.
-  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-           const uint16_t* xb = nullptr);
-  // The bf16 copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
+  // y = x · Wᵀ: the weight-streaming GEMV (16-bit activations) where it applies, else the fp32 glue linear.
+  // xb: x already cast (by the kernel that wrote x); cast here into s.xb when absent or of the other format.
+  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {});
+  // The 16-bit copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
   uint16_t* x_bf16() const;
-  // y = x · Wᵀ over T rows of bf16 activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
-  // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16).
-  void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy);
+  // y = x · Wᵀ over T rows of 16-bit activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
+  // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16; bf16 only).
+  void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy,
+              bool f16 = false);
   bool use_gemv(const DevLinear& wt) const;
+  // Whether a T-token step feeds wt's GEMV f16 activations (GpuOptions::f16_activations, FP8, <= 64 tokens).
+  bool h16(const DevLinear& wt, int T) const;
+  // The format of a copy shared by several linears: f16 when every one of them that takes a GEMV takes f16.
+  bool h16_all(int T, std::initializer_list<const DevLinear*> consumers) const;
+  // Formats of hc_pre's copies of x: attention's (s.xbx) and, for the FFN, whether the shared expert's GEMVs
+  // and the routed experts (moe_decode) read the f16 copy s.xhx.
+  bool attn_x_h16(int li, int T) const;
+  bool shared_x_h16(int li, int T) const;
+  bool moe_h16(int li, int T) const;
 };
 
 }  // namespace dsv4::gpu

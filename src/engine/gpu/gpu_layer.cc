@@ -5,6 +5,7 @@
 #include "backend/cuda/glue/glue.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_compressor_mhc.h"
+#include "core/error.h"
 #include "engine/gpu/gpu_impl.h"
 
 namespace dsv4::gpu {
@@ -17,17 +18,48 @@ bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
   return !opt.exact_linear && gemv_applies(wt);
 }
 
-void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
-                          const uint16_t* xb) {
+bool GpuModel::Impl::h16(const DevLinear& wt, int T) const {
+  return opt.f16_activations && T <= 64 && wt.fmt == WeightFormat::kFP8Block && use_gemv(wt) &&
+         reinterpret_cast<uintptr_t>(wt.d.w) % 16 == 0;  // the f16 GEMV has no fallback for unaligned weights
+}
+
+bool GpuModel::Impl::h16_all(int T, std::initializer_list<const DevLinear*> consumers) const {
+  bool any = false;
+  for (const DevLinear* wt : consumers) {
+    if (!wt || wt->rows == 0 || !use_gemv(*wt)) continue;
+    if (!h16(*wt, T)) return false;
+    any = true;
+  }
+  return any;
+}
+
+bool GpuModel::Impl::attn_x_h16(int li, int T) const {
+  const DevLayer& L = w.layers[li];
+  return !opt.exact_linear && h16_all(T, {L.wq_a_wkv.rows > 0 ? &L.wq_a_wkv : nullptr, &L.wq_a, &L.wkv});
+}
+
+bool GpuModel::Impl::shared_x_h16(int li, int T) const {
+  const DevLayer& L = w.layers[li];
+  return !opt.exact_linear && L.has_shared && h16_all(T, {L.sh_w13.rows > 0 ? &L.sh_w13 : nullptr, &L.sh_w1, &L.sh_w3});
+}
+
+bool GpuModel::Impl::moe_h16(int li, int T) const {
+  return opt.f16_activations && !opt.exact_linear && !opt.exact_moe && moe_kernel_ok && T <= 64 &&
+         w.layers[li].experts_fit_f16;
+}
+
+void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb) {
   if (!use_gemv(wt)) {
     glue::linear(wt.g, 0, wt.rows, x, T, ldx, y, ldy, stream);
     return;
   }
-  if (!xb) {
-    cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
-    xb = s.xb;
+  const bool f16 = h16(wt, T);
+  if (!xb.p || xb.f16 != f16) {
+    if (f16) cudalin::cast_f32_to_f16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
+    else cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
+    xb = {s.xb, f16};
   }
-  matmul(wt.d, xb, ldx, T, y, ldy);
+  matmul(wt.d, xb.p, ldx, T, y, ldy, f16);
 }
 
 uint16_t* GpuModel::Impl::x_bf16() const {
@@ -35,11 +67,12 @@ uint16_t* GpuModel::Impl::x_bf16() const {
 }
 
 void GpuModel::Impl::matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
-                            int64_t ldy) {
+                            int64_t ldy, bool f16) {
   if (T <= 64) {
-    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream);
+    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
     return;
   }
+  if (f16) fail("GPU forward: f16 activations above 64 tokens (internal error)");
   // Compute-bound: dequantize once (exact), then a bf16 tensor-core GEMM. s.wbuf exists whenever a step can
   // exceed 64 tokens (alloc_scratch) and holds the largest FP8/MXFP4 weight.
   cudalin::dequant_to_bf16(w, s.wbuf, stream);
@@ -108,7 +141,7 @@ void GpuModel::Impl::attention(int li, int T) {
     glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
     mark(li, "index.compress");
   };
-  auto index_from_q = [&](const uint16_t* qrb) {
+  auto index_from_q = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
     glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     mark(li, "index.q");
@@ -147,9 +180,9 @@ void GpuModel::Impl::attention(int li, int T) {
   }
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
-  // bf16 copies of x (written by hc_pre, layer()) and of the normalized q_lora activations, each cast once
-  // for the linears that share it.
-  const uint16_t* xb = x_bf16();
+  // 16-bit copies of x (written by hc_pre, layer(), in the format attn_x_h16 chose) and of the normalized
+  // q_lora activations, each cast once for the linears that share it.
+  const Act16 xb{x_bf16(), attn_x_h16(li, T)};
   // wq_a and wkv read the same x: one GEMV over their stacked rows where it applies (s.qkv = [qr | kv]).
   const bool qkv_stacked = L.wq_a_wkv.rows > 0 && use_gemv(L.wq_a_wkv);
   const float* qr_in = s.qr;
@@ -161,8 +194,9 @@ void GpuModel::Impl::attention(int li, int T) {
   } else {
     lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
   }
-  uint16_t* qrb = opt.exact_linear ? nullptr : s.xbq;  // the bf16 copy for wq_b and index wq_b, written here
-  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, qrb);
+  // The 16-bit copy for wq_b and index wq_b, written here.
+  const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
+  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p), qrb.f16);
   if (par) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
@@ -188,7 +222,7 @@ void GpuModel::Impl::attention(int li, int T) {
 
   if (csa && !par) {
     index_from_x();
-    index_from_q(opt.exact_linear ? nullptr : s.xbq);
+    index_from_q(qrb);
   }
   if (par) hand_over(side, stream, ev_join);
 
@@ -217,18 +251,21 @@ void GpuModel::Impl::attention(int li, int T) {
   mark(li, "sparse_attention");
   // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z (o cast to bf16 by the inverse RoPE).
   const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
-  const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(DevLinear{L.wo_a.fmt, olr, gin, {}, {}});
+  const DevLinear wo_a_group{L.wo_a.fmt, olr, gin, {}, {}};
+  const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(wo_a_group);
+  const bool o_h16 = grouped_gemv && h16(wo_a_group, T);
   glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream,
-                        grouped_gemv ? s.xb : nullptr);
+                        grouped_gemv ? s.xb : nullptr, o_h16);
   mark(li, "inv_rope");
 
   if (grouped_gemv && T <= 64) {
     // One launch for all groups: group g's rows read o's column block g (cudalin::gemv_grouped).
-    cudalin::gemv_grouped(L.wo_a.d, olr, gin, s.xb, H * hd, T, s.z, G * olr, ws, stream);
+    cudalin::gemv_grouped(L.wo_a.d, olr, gin, s.xb, H * hd, T, s.z, G * olr, ws, stream,
+                          o_h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
   } else {
     for (int64_t g = 0; g < G; ++g) {
       if (grouped_gemv)
-        matmul(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr);
+        matmul(L.wo_a.row_block(g * olr, olr), s.xb + g * gin, H * hd, T, s.z + g * olr, G * olr, o_h16);
       else
         glue::linear(L.wo_a.g, g * olr, olr, s.o + g * gin, T, H * hd, s.z + g * olr, G * olr, stream);
     }
@@ -245,18 +282,22 @@ void GpuModel::Impl::ffn(int li, int T) {
   const float limit = static_cast<float>(c->swiglu_limit);
   const int sf = c->scoring_func == ScoreFunc::kSqrtSoftplus ? 0 : c->scoring_func == ScoreFunc::kSigmoid ? 1 : 2;
 
-  const uint16_t* xb = x_bf16();  // written by hc_pre; shared by the expert GEMVs
+  // Written by hc_pre: the bf16 copy of x (s.xbx) and, where a GEMV takes f16, the f16 one (s.xhx).
+  const uint16_t* xb = x_bf16();
+  const Act16 xs = shared_x_h16(li, T) ? Act16{s.xhx, true} : Act16{xb, false};
+  const bool moe16 = moe_h16(li, T);
   // The shared expert writes s.y (the routed experts then accumulate into it); with overlap_branches it
   // runs on the side stream beside the router.
   auto shared_expert = [&]() {
     const int64_t Is = L.sh_w1.rows;
     if (L.sh_w13.rows > 0 && use_gemv(L.sh_w13)) {  // one GEMV over w1 | w3 stacked: s.shg = [g | u] per token
-      lin(L.sh_w13, s.x, D, T, s.shg, 2 * Is, xb);
-      glue::swiglu_rows(s.shg, s.shg + Is, T, Is, 2 * Is, limit, s.shh, stream, s.xb);  // + bf16 for w2
-      lin(L.sh_w2, s.shh, Is, T, s.y, D, s.xb);
+      lin(L.sh_w13, s.x, D, T, s.shg, 2 * Is, xs);
+      const bool h_h16 = h16(L.sh_w2, T);  // + the 16-bit copy for w2
+      glue::swiglu_rows(s.shg, s.shg + Is, T, Is, 2 * Is, limit, s.shh, stream, s.xb, h_h16);
+      lin(L.sh_w2, s.shh, Is, T, s.y, D, {s.xb, h_h16});
     } else {
-      lin(L.sh_w1, s.x, D, T, s.shg, Is, xb);
-      lin(L.sh_w3, s.x, D, T, s.shu, Is, xb);
+      lin(L.sh_w1, s.x, D, T, s.shg, Is, xs);
+      lin(L.sh_w3, s.x, D, T, s.shu, Is, xs);
       glue::swiglu(s.shg, s.shu, T * Is, limit, s.shh, stream);
       lin(L.sh_w2, s.shh, Is, T, s.y, D);
     }
@@ -281,7 +322,8 @@ void GpuModel::Impl::ffn(int li, int T) {
   if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
     cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
     if (T <= 64)
-      cudalin::moe_decode(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream);
+      cudalin::moe_decode(shape, L.experts, moe16 ? s.xhx : xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream,
+                          moe16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
     else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")
       cudalin::moe_prefill(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
   } else {
@@ -311,8 +353,10 @@ void GpuModel::Impl::layer(int li, int T) {
     a.post = s.post;
     a.comb = s.comb;
     a.workspace = s.hc_ws;
-    a.norm_w = norm_w;    // the sub-layer's RMSNorm, fused
-    a.xb = x_bf16();  // and the bf16 copy of x its linears read
+    a.norm_w = norm_w;  // the sub-layer's RMSNorm, fused
+    return a;
+  };
+  auto run_pre = [&](const cuda::HcArgs& a) {
     cuda::hc_pre(a, stream);
     mark(li, "hc_pre+norm");
   };
@@ -324,10 +368,17 @@ void GpuModel::Impl::layer(int li, int T) {
     h_cur = next;
     mark(li, "hc_post");
   };
-  pre(L.hc_attn, L.attn_norm);
+  // and the 16-bit copies of x its linears read: attention's in one format (s.xbx); the FFN's in bf16 (s.xbx)
+  // and, when the shared expert's GEMVs or the routed experts take f16, in f16 (s.xhx).
+  cuda::HcArgs pa = pre(L.hc_attn, L.attn_norm);
+  (attn_x_h16(li, T) ? pa.xh : pa.xb) = x_bf16();
+  run_pre(pa);
   attention(li, T);
   post();
-  pre(L.hc_ffn, L.ffn_norm);
+  cuda::HcArgs pf = pre(L.hc_ffn, L.ffn_norm);
+  pf.xb = x_bf16();
+  if (shared_x_h16(li, T) || moe_h16(li, T)) pf.xh = s.xhx;
+  run_pre(pf);
   ffn(li, T);
   post();
 }

@@ -92,6 +92,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.xb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
   s.xbx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
   s.xbq = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * qlr));
+  s.xhx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
   s.idx = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * K));
   s.sel = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * std::max(1, c->index_topk)));
   s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);
@@ -130,6 +131,10 @@ void GpuModel::Impl::alloc_scratch() {
   const cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),
                                 static_cast<float>(c->swiglu_limit)};
   if (moe_kernel_ok) moe_ws = cudalin::moe_workspace_create(shape, static_cast<int>(std::min<int64_t>(T, 64)));
+  // Layers whose expert scales allow the f16 MoE path (checked once on the device; kernels chosen at load).
+  if (moe_kernel_ok && opt.f16_activations && !opt.exact_linear && !opt.exact_moe)
+    for (DevLayer& L : w.layers)
+      L.experts_fit_f16 = L.expert_fmt == WeightFormat::kFP4 && L.experts && cudalin::moe_scales_fit_f16(shape, L.experts, stream);
   if (moe_kernel_ok && T > 64) moe_prefill_ws = cudalin::moe_prefill_workspace_create(shape, static_cast<int>(T));
 }
 
@@ -422,7 +427,11 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
         if (status == glue::kSampleNonFinite) {
           ch.next_token = -1;
           ch.error = "non-finite logits (NaN or +inf) at position " + std::to_string(ch.seq->length + rows[r].index) +
-                     ": refusing to sample (see failure mode F1)";
+                     ": refusing to sample (see failure mode F1)" +
+                     (im.opt.f16_activations && !im.opt.exact_linear
+                          ? std::string("; the FP8 GEMVs read f16 activations, so an activation beyond +-65504 also "
+                                        "gives this: retry with f16 activations off (GpuOptions::f16_activations)")
+                          : std::string());
         } else if (status == glue::kSampleHostFallback) {
           // The kept set reaches past the GPU's candidates: draw on the host from this row, same rule; the
           // stream position (seed, draws) seeds it so the draw stays reproducible.

@@ -50,6 +50,10 @@ struct GpuOptions {
   // and join inside the captured graph): the indexer branch of a CSA layer beside the q/kv/compressor
   // path, the shared expert beside the router. Off: one stream (same results, bit for bit).
   bool overlap_branches = true;
+  // Decode steps (<= 64 tokens) feed the FP8 GEMVs f16 activations instead of bf16 (cudalin::ActFormat):
+  // e4m3 -> f16 is one instruction per weight pair, and f16 rounds 8x finer than bf16, but an activation
+  // beyond +-65504 overflows to inf (the step then reports non-finite logits). Off: bf16 everywhere.
+  bool f16_activations = true;
 };
 
 struct SlotPool;

@@ -43,15 +43,17 @@ void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t 
                    cudaStream_t stream);
 
 // cpu::rmsnorm over `rows` rows of n (x row stride ldx, y row stride ldy; may alias); w may be null.
-// yb (optional): also y rounded to bf16 (nearest even), same row stride ldy, for the linears that read it.
+// yb (optional): also y rounded to bf16 (nearest even; f16 when f16), same row stride ldy, for the linears
+// that read it.
 void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t n, float eps, float* y,
-                  int64_t ldy, cudaStream_t stream, uint16_t* yb = nullptr);
+                  int64_t ldy, cudaStream_t stream, uint16_t* yb = nullptr, bool f16 = false);
 
 // x [T, heads, dim]: optional unweighted RMSNorm per head, then cpu::rope on the last 2*n_freq dims at
 // position pos[t] (inverse: the conjugate rotation).
-// xb (optional): also the result rounded to bf16 (nearest even), [T, heads, dim].
+// xb (optional): also the result rounded to bf16 (nearest even; f16 when f16), [T, heads, dim].
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
-                     bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb = nullptr);
+                     bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb = nullptr,
+                     bool f16 = false);
 
 // KvCodec::encode of x [T, dim] into row row_index[t] of `pool` (row stride row_bytes).
 // fmt: 0 f32, 1 bf16, 2 fp8 (e4m3 with UE8M0 per scale_block, trailing rope_dim dims bf16).
@@ -87,9 +89,9 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
 // SwiGLU with the clamp (cpu::swiglu_expert, weight 1): h = silu(min(g, L)) * clamp(u, -L, L); limit 0: none.
 void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cudaStream_t stream);
 // The same over rows: h [rows, n] from g and u rows of stride ld (g and u may be halves of one stacked row);
-// hb (optional): also h rounded to bf16 (nearest even).
+// hb (optional): also h rounded to bf16 (nearest even; f16 when f16).
 void swiglu_rows(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit, float* h,
-                 cudaStream_t stream, uint16_t* hb = nullptr);
+                 cudaStream_t stream, uint16_t* hb = nullptr, bool f16 = false);
 
 // out[i] = argmax over row i of x [rows, n] (lowest index among equal maxima).
 void argmax_rows(const float* x, int rows, int64_t n, int32_t* out, cudaStream_t stream);

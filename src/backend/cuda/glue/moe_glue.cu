@@ -151,7 +151,7 @@ __global__ void route_kernel(const float* logits, int T, int E, int K, int f, co
 
 // h [rows, n] from g, u rows of stride ld.
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit,
-                              float* h, uint16_t* hb) {
+                              float* h, uint16_t* hb, bool f16) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * n) return;
@@ -163,7 +163,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t rows, int6
   }
   const float o = gi / (1.0f + expf(-gi)) * ui;
   h[i] = o;
-  if (hb) hb[i] = bf16_bits_rn(o);
+  if (hb) hb[i] = act16_bits_rn(o, f16);
 }
 
 __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
@@ -220,11 +220,11 @@ void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cu
 }
 
 void swiglu_rows(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit, float* h,
-                 cudaStream_t stream, uint16_t* hb) {
+                 cudaStream_t stream, uint16_t* hb, bool f16) {
   if (rows <= 0 || n <= 0) return;
   if (ld < n) fail("glue::swiglu_rows: ld=", ld, " < n=", n);
   cuda::check(cuda::launch(swiglu_kernel, dim3(blocks_for(rows * n, 256)), dim3(256), 0, stream, g, u, rows, n, ld,
-                           limit, h, hb),
+                           limit, h, hb, f16),
               "swiglu_kernel launch");
 }
 

@@ -24,7 +24,7 @@ __global__ void embed_kernel(const uint16_t* __restrict__ embed, const int32_t* 
 
 // Rows longer than a single-pass block holds: reads x twice.
 __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* w, int64_t n, float eps, float* y,
-                               int64_t ldy, uint16_t* yb) {
+                               int64_t ldy, uint16_t* yb, bool f16) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const float* xr = x + blockIdx.x * ldx;
   float* yr = y + blockIdx.x * ldy;
@@ -33,7 +33,7 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* w, int6
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float o = w ? w[i] * (xr[i] * r) : xr[i] * r;
     yr[i] = o;
-    if (yb) yb[blockIdx.x * ldy + i] = bf16_bits_rn(o);
+    if (yb) yb[blockIdx.x * ldy + i] = act16_bits_rn(o, f16);
   }
 }
 
@@ -48,7 +48,7 @@ constexpr int64_t kNormMax = int64_t{kNormThreads} * kNormPer;  // 8192
 template <int V>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_1pass_kernel(const float* x, int64_t ldx, const float* w,
                                                                      int n, float eps, float* y, int64_t ldy,
-                                                                     uint16_t* yb) {
+                                                                     uint16_t* yb, bool f16) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ double part[kNormThreads / 32];
   const float* xr = x + blockIdx.x * ldx;
@@ -91,14 +91,14 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_1pass_kernel(const float
       yr[i] = v[u];
     if (yb) {
 #pragma unroll
-      for (int e = 0; e < V; ++e) yb[blockIdx.x * ldy + i + e] = bf16_bits_rn(v[V * u + e]);
+      for (int e = 0; e < V; ++e) yb[blockIdx.x * ldy + i + e] = act16_bits_rn(v[V * u + e], f16);
     }
   }
 }
 
 // One block per (token, head).
 __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64_t* pos, const float* inv_freq,
-                                       int n_freq, bool norm, float eps, bool inverse, uint16_t* xb) {
+                                       int n_freq, bool norm, float eps, bool inverse, uint16_t* xb, bool f16) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
   const int64_t p = pos[blockIdx.x / heads];
@@ -120,7 +120,7 @@ __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64
   if (xb) {  // the bf16 copy of the whole head, after its rotation is visible to the block
     __syncthreads();
     uint16_t* o = xb + static_cast<int64_t>(blockIdx.x) * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = bf16_bits_rn(v[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = act16_bits_rn(v[i], f16);
   }
 }
 
@@ -172,30 +172,30 @@ void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t 
 }
 
 void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t n, float eps, float* y,
-                  int64_t ldy, cudaStream_t stream, uint16_t* yb) {
+                  int64_t ldy, cudaStream_t stream, uint16_t* yb, bool f16) {
   if (rows <= 0) return;
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = n % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && a16(x) && a16(y) && (!w || a16(w));
   const int ni = static_cast<int>(n);
   if (n <= kNormMax && vec)
     cuda::check(cuda::launch(rmsnorm_1pass_kernel<4>, dim3(rows), dim3(kNormThreads), 0, stream, x, ldx, w, ni, eps,
-                             y, ldy, yb),
+                             y, ldy, yb, f16),
                 "rmsnorm_1pass_kernel<4> launch");
   else if (n <= kNormMax)
     cuda::check(cuda::launch(rmsnorm_1pass_kernel<1>, dim3(rows), dim3(kNormThreads), 0, stream, x, ldx, w, ni, eps,
-                             y, ldy, yb),
+                             y, ldy, yb, f16),
                 "rmsnorm_1pass_kernel<1> launch");
   else
-    cuda::check(cuda::launch(rmsnorm_kernel, dim3(rows), dim3(256), 0, stream, x, ldx, w, n, eps, y, ldy, yb),
+    cuda::check(cuda::launch(rmsnorm_kernel, dim3(rows), dim3(256), 0, stream, x, ldx, w, n, eps, y, ldy, yb, f16),
                 "rmsnorm_kernel launch");
   check_launch("glue::rmsnorm_rows");
 }
 
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
-                     bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb) {
+                     bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb, bool f16) {
   if (T <= 0) return;
   cuda::check(cuda::launch(heads_norm_rope_kernel, dim3(T * heads), dim3(128), 0, stream, x, heads, dim, pos,
-                           inv_freq, n_freq, norm, eps, inverse, xb),
+                           inv_freq, n_freq, norm, eps, inverse, xb, f16),
               "heads_norm_rope_kernel launch");
   check_launch("glue::heads_norm_rope");
 }

@@ -96,6 +96,58 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// ---- e4m3 -> f16 in one instruction per pair (sm_89+; exact: every e4m3 value, subnormals included, is a
+// normal f16). Byte 0 / 2 of w lands in the low half of the result, byte 1 / 3 in the high half.
+__device__ __forceinline__ uint32_t e4m3x2_f16_lo(uint32_t w) {
+  uint32_t r;
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\ncvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(r) : "r"(w));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_f16_hi(uint32_t w) {
+  uint32_t r;
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\ncvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(r) : "r"(w));
+  return r;
+}
+
+// ---- e2m1 -> e4m3 bytes, for the f16 path of MXFP4 (then e4m3x2_f16_*). The 3 magnitude bits of an e2m1
+// nibble placed at e4m3 bits 4..2 (exponent low 2 bits, mantissa top bit) give an e4m3 worth exactly 2^-6
+// times the e2m1 value, subnormals included (0.5 -> the e4m3 subnormal 2^-7); the sign goes to bit 7.
+// Word w holds nibbles n0..n7 (k order, low nibble first); the results hold bytes (n0, n2, n4, n6) and
+// (n1, n3, n5, n7). Sign fix: with the nibble at bits 2..5 of a byte (< 64), adding 3 * 32 when bit 5 is set
+// clears bit 5 and sets bit 7, without carries into the next byte.
+__device__ __forceinline__ uint32_t e2m1_even_e4m3(uint32_t w) {
+  const uint32_t f = (w << 2) & 0x3C3C3C3Cu;
+  return f + 3u * (f & 0x20202020u);
+}
+__device__ __forceinline__ uint32_t e2m1_odd_e4m3(uint32_t w) {
+  const uint32_t f = (w >> 2) & 0x3C3C3C3Cu;
+  return f + 3u * (f & 0x20202020u);
+}
+// f16x2 product, exact when the result is representable (a weight times a power of two, see fp4_f16_factor).
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// The f16x2 factor 2^(e-121) that turns e4m3 codes worth 2^-6 * e2m1 into e2m1 * 2^(e-127), for UE8M0 scale
+// bytes e in [kFp4F16MinE, kFp4F16MaxE], where every product is an exact f16 (subnormals included):
+// 0.5 * 2^(e-127) >= 2^-24 needs e >= 104; the factor itself must be an f16 (<= 2^15): e <= 136.
+constexpr uint32_t kFp4F16MinE = 104, kFp4F16MaxE = 136;
+__device__ __forceinline__ uint32_t fp4_f16_factor(uint32_t e) {
+  const int x = int(e) - 121;  // -17 .. 15
+  const uint32_t h = x >= -14 ? uint32_t(x + 15) << 10 : 1u << (x + 24);  // normal, or subnormal 2^x
+  return h | (h << 16);
+}
+
+// D += A*B with f16 inputs (same fragment layout as mma above): f16 x f16 products are exact in fp32.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Activations for one 128-wide K chunk: the thread's 32 bf16 at k = 32t .. 32t+31 of its token (zeros
 // when the thread has no token), as 16 words u[m] = (x[2m], x[2m+1]).
 struct Act32 {

@@ -5,6 +5,9 @@
 // Partial sums are reduced in shared memory (fixed warp order), then, when K is split across blocks, the
 // last block of a row tile to finish adds the partials in fixed block order: the result is deterministic.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include <algorithm>
 
@@ -130,7 +133,7 @@ constexpr int gemv_stages() { return FP4 ? 6 : 4; }
 template <bool FP4>
 constexpr int gemv2_smem() { return 8 * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
 
-template <bool FP4, int NT>
+template <bool FP4, int NT, bool H16>
 __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
   extern __shared__ uint4 ring[];
   __shared__ float red[8][128];
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
   // Only weights and scales (constant) are read before stream_warp's pdl_wait(); warps without a tile wait
   // here, so every write below follows the preceding grid's completion.
   if (tile < tiles)
-    dev::stream_warp<FP4, NT, 1, STAGES>(ring + warp * (STAGES * dev::RingGeom<FP4>::kU4), W, S, a.sf32, a.K,
+    dev::stream_warp<FP4, NT, 1, STAGES, H16>(ring + warp * (STAGES * dev::RingGeom<FP4>::kU4), W, S, a.sf32, a.K,
                                          int64_t(tile) * 16, cb, ce, nt_valid, xr, acc);
   else
     cuda::pdl::wait();
@@ -194,34 +197,37 @@ int blocks_per_sm(K* kernel, int smem) {
   return std::max(n, 1);
 }
 
-template <bool FP4, int NT>
+template <bool FP4, int NT, bool H16>
 struct Gemv2 {
   static int occupancy() {
-    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT>, gemv2_smem<FP4>());
+    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16>, gemv2_smem<FP4>());
     return n;
   }
   static void run(dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-    launch_pdl(gemv2_kernel<FP4, NT>, grid, gemv2_smem<FP4>(), s, a, ksb, ks_total);
+    launch_pdl(gemv2_kernel<FP4, NT, H16>, grid, gemv2_smem<FP4>(), s, a, ksb, ks_total);
   }
 };
 
-template <bool FP4>
+template <bool FP4, bool H16>
 int gemv2_occupancy(int T) {
-  return T <= 8 ? Gemv2<FP4, 1>::occupancy() : T <= 16 ? Gemv2<FP4, 2>::occupancy()
-         : T <= 32 ? Gemv2<FP4, 4>::occupancy() : Gemv2<FP4, 8>::occupancy();
+  return T <= 8 ? Gemv2<FP4, 1, H16>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16>::occupancy()
+         : T <= 32 ? Gemv2<FP4, 4, H16>::occupancy() : Gemv2<FP4, 8, H16>::occupancy();
 }
-template <bool FP4>
+template <bool FP4, bool H16>
 void gemv2_launch(int T, dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-  if (T <= 8) Gemv2<FP4, 1>::run(grid, a, ksb, ks_total, s);
-  else if (T <= 16) Gemv2<FP4, 2>::run(grid, a, ksb, ks_total, s);
-  else if (T <= 32) Gemv2<FP4, 4>::run(grid, a, ksb, ks_total, s);
-  else Gemv2<FP4, 8>::run(grid, a, ksb, ks_total, s);
+  if (T <= 8) Gemv2<FP4, 1, H16>::run(grid, a, ksb, ks_total, s);
+  else if (T <= 16) Gemv2<FP4, 2, H16>::run(grid, a, ksb, ks_total, s);
+  else if (T <= 32) Gemv2<FP4, 4, H16>::run(grid, a, ksb, ks_total, s);
+  else Gemv2<FP4, 8, H16>::run(grid, a, ksb, ks_total, s);
 }
 
-__global__ void cast_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+template <typename H>
+__global__ void cast_kernel(const float* x, H* y, int64_t n) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(x[i]);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<H, __half>) y[i] = __float2half_rn(x[i]);
+    else y[i] = __float2bfloat16_rn(x[i]);
+  }
 }
 
 }  // namespace
@@ -252,11 +258,14 @@ void workspace_destroy(Workspace& ws) {
 
 namespace {
 void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride) {
+               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride, ActFormat act) {
   require_supported_device();
-  const bool fp4 = w.fmt == WeightFormat::kFP4;
+  const bool fp4 = w.fmt == WeightFormat::kFP4, h16 = act == ActFormat::kF16;
   if (!fp4 && w.fmt != WeightFormat::kFP8Block)
     throw Error(str_cat("cuda gemv: weight [", w.rows, ", ", w.cols, "] is BF16; only FP8 and MXFP4 are supported"));
+  if (h16 && (fp4 || g_version != 2 || reinterpret_cast<uintptr_t>(w.w) % 16 != 0))
+    throw Error(str_cat("cuda gemv: f16 activations need FP8 weights, 16-byte aligned, and the v2 kernels (weight [",
+                        w.rows, ", ", w.cols, "]", fp4 ? " is MXFP4" : "", ")"));
   if (w.rows <= 0 || w.rows % 16 != 0 || w.cols <= 0 || w.cols % 128 != 0)
     throw Error(str_cat("cuda gemv: weight shape [", w.rows, ", ", w.cols,
                         "] unsupported (rows must be a multiple of 16, cols of 128)"));
@@ -269,7 +278,8 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     // K split: the largest power of two (<= C) whose grid still fits in one wave of resident blocks (beyond
     // 8 splits per tile, grid.y > 1 with the extra reduction round trip: measured still faster for the small
     // shapes, docs/GEMM_MOE.md).
-    const int cap = device_info().sm_count * (fp4 ? gemv2_occupancy<true>(T) : gemv2_occupancy<false>(T));
+    const int cap = device_info().sm_count * (fp4 ? gemv2_occupancy<true, false>(T)
+                                              : h16 ? gemv2_occupancy<false, true>(T) : gemv2_occupancy<false, false>(T));
     auto blocks = [&](int ks) { return int64_t((tiles + (8 / std::min(ks, 8)) - 1) / (8 / std::min(ks, 8))) * std::max(1, ks / 8); };
     int ks = 1;
     while (ks * 2 <= C && blocks(ks * 2) <= cap) ks *= 2;
@@ -283,8 +293,9 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
       throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
     const dim3 grid((tiles + tpb - 1) / tpb, gy);
-    if (fp4) gemv2_launch<true>(T, grid, a, ksb, ks, stream);
-    else gemv2_launch<false>(T, grid, a, ksb, ks, stream);
+    if (fp4) gemv2_launch<true, false>(T, grid, a, ksb, ks, stream);
+    else if (h16) gemv2_launch<false, true>(T, grid, a, ksb, ks, stream);
+    else gemv2_launch<false, false>(T, grid, a, ksb, ks, stream);
     check_cuda(cudaGetLastError(), "gemv launch");
     return;
   }
@@ -308,12 +319,12 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
 }  // namespace
 
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream) {
-  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0);
+          cudaStream_t stream, ActFormat act) {
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0, act);
 }
 
 void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
-                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream) {
+                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream, ActFormat act) {
   if (group_rows <= 0 || group_rows % 16 != 0 || w.rows % group_rows != 0 || group_x_stride < 0 ||
       group_x_stride % 8 != 0)
     throw Error(str_cat("cuda gemv_grouped: groups of ", group_rows, " rows with activation stride ", group_x_stride,
@@ -323,13 +334,23 @@ void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride
   if ((groups - 1) * group_x_stride + w.cols > ldx)
     throw Error(str_cat("cuda gemv_grouped: ", groups, " groups of ", w.cols, " columns at stride ", group_x_stride,
                         " exceed the activation row of ", ldx));
-  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, group_rows, group_x_stride);
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, group_rows, group_x_stride, act);
 }
 
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  check_cuda(cuda::launch(cast_kernel, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x, reinterpret_cast<__nv_bfloat16*>(y), n), "cast_kernel launch");
+  check_cuda(cuda::launch(cast_kernel<__nv_bfloat16>, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x,
+                          reinterpret_cast<__nv_bfloat16*>(y), n),
+             "cast_kernel launch");
   check_cuda(cudaGetLastError(), "cast_f32_to_bf16 launch");
+}
+
+void cast_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  check_cuda(cuda::launch(cast_kernel<__half>, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x,
+                          reinterpret_cast<__half*>(y), n),
+             "cast_kernel launch");
+  check_cuda(cudaGetLastError(), "cast_f32_to_f16 launch");
 }
 
 }  // namespace dsv4::cudalin

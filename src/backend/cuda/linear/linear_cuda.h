@@ -8,6 +8,9 @@
 //     activations and the fp32 summation order;
 //   * FP8 128x128 tile scales (UE8M0 or f32) are applied in fp32 to each 128-wide K partial sum;
 //     MXFP4 per-32 UE8M0 scales are folded into the bf16 weights (exact).
+// FP8 weights may instead take f16 activations (ActFormat::kF16): e4m3 -> f16 is one instruction per pair
+// (the kernels are instruction-bound at batch 1) and f16 rounds 8x finer than bf16, but |x| > 65504
+// overflows to inf (the engine then reports non-finite logits; docs/GEMM_MOE.md).
 // We do not quantize activations to FP8 (the DeepSeek reference does): that would add a 2^-4 relative
 // rounding per activation, ~60x the bf16 one, and make GPU and CPU paths diverge.
 #pragma once
@@ -44,17 +47,22 @@ void workspace_destroy(Workspace& ws);
 // here are built ahead of time for exactly those.
 void require_supported_device();
 
+// Element format of the 16-bit activations a GEMV reads.
+enum class ActFormat { kBf16, kF16 };
+
 // Decode-shaped GEMM: y[t, r] = sum_k x[t, k] * W[r, k] for t < T (1..64), every r < w.rows.
-// x: bf16 [T, w.cols] (row stride ldx elements), y: fp32 (row stride ldy). FP8 or MXFP4 weights; rows a
-// multiple of 16, cols a multiple of 128 (other shapes fail with a message naming the shape).
+// x: bf16 (or f16, FP8 weights only) [T, w.cols] (row stride ldx elements), y: fp32 (row stride ldy). FP8 or
+// MXFP4 weights; rows a multiple of 16, cols a multiple of 128 (other shapes fail with a message naming the
+// shape).
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream);
+          cudaStream_t stream, ActFormat act = ActFormat::kBf16);
 
 // Grouped form, one launch for a block-diagonal product such as the grouped output projection wo_a:
 // y[t, r] = sum_k x[t, g*group_x_stride + k] * W[r, k] with g = r / group_rows, for every r < w.rows
 // (group_rows a multiple of 16 dividing w.rows; the groups' column blocks must lie inside ldx).
 void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
-                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream);
+                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream,
+                  ActFormat act = ActFormat::kBf16);
 
 // Benchmark knobs. Kernel version: 2 (default) = cp.async-ring streaming kernels, 2-launch MoE with the
 // slot combine fused into w2; 1 = the first kernels (register loads, 4-launch MoE). Process-wide.
@@ -71,6 +79,8 @@ void set_gemv_ksplit(int ks);
 
 // y[i] = bf16(x[i]) (round to nearest even).
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+// y[i] = f16(x[i]) (round to nearest even; |x| > 65504 gives inf).
+void cast_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 
 // ---------------------------------------------------------------- MoE decode (MXFP4 routed experts)
 // Device array of these, one per expert: w1, w3 [inter, hidden], w2 [hidden, inter], packed e2m1 + scales.
@@ -97,11 +107,18 @@ void moe_workspace_destroy(MoeWorkspace& ws);
 //   h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * w[t,k];  y = w2 h.
 // x: bf16 [T, hidden]; idx: int32 [T, top_k]; weights: fp32 [T, top_k]; out: fp32 [T, hidden]
 // (overwritten, or accumulated into when `accumulate`). Experts with no token cost nothing.
+// act = kF16: x is f16 and h is rounded to f16 (instead of bf16) before w2; the MXFP4 weights are then
+// converted to f16 (exact only for UE8M0 scales in [104, 136]: the caller checks with moe_scales_fit_f16).
 // v2 knob: force the K splits per 16-row tile of w1/w3 and w2 (1, 2, 4, 8); 0 = heuristic.
 void set_moe_ksplit(int ks);
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
-                const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream);
+                const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,
+                ActFormat act = ActFormat::kBf16);
+// Whether every expert's scale bytes (experts: device array of s.n_experts) lie where the f16 path of
+// moe_decode is exact: 2^-23 .. 2^9, i.e. UE8M0 bytes 104 .. 136 (checkpoint scales sit near 2^-8; NaN
+// scales, 255, are outside). Synchronizes the stream.
+bool moe_scales_fit_f16(const MoeShape& s, const DevExpert* experts, cudaStream_t stream);
 
 // ---------------------------------------------------------------- prefill
 // Prefill-shaped GEMM through cuBLAS: W dequantized to bf16 into `wbuf` (rows*cols bf16, caller-owned),

@@ -7,6 +7,7 @@
 // Grids are sized for the most experts T*top_k tokens can touch; blocks past the active count exit at once,
 // so an expert with no token costs no weight traffic.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -248,9 +249,9 @@ struct Moe2Args {
   const int32_t* idx;
   int hidden, inter, E, top_k, P, T;
   float limit;
-  const uint16_t* x;
+  const uint16_t* x;  // bf16, or f16 (H16)
   const float* rw;
-  __nv_bfloat16* h;
+  uint16_t* h;  // bf16, or f16 (H16)
   float* ybuf;
   float* out;
   int* counters;  // [T, gridDim.x of w2], zero between launches
@@ -258,7 +259,7 @@ struct Moe2Args {
   int ksb;
 };
 
-template <int NT>
+template <int NT, bool H16>
 __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a) {
   extern __shared__ uint4 ring[];
   __shared__ float red[2][8][128];
@@ -289,8 +290,8 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a
     const int nt_valid = min(NT, (sl.ntok - base + 7) / 8);
     float acc[2][NT][4] = {};
     if (tile < tiles)
-      dev::stream_warp<true, NT, 2, kMoeStages>(ring + warp * kRing, W, S, false, a.hidden, int64_t(tile) * 16, cb, ce,
-                                                nt_valid, xr, acc);
+      dev::stream_warp<true, NT, 2, kMoeStages, H16>(ring + warp * kRing, W, S, false, a.hidden, int64_t(tile) * 16, cb,
+                                                     ce, nt_valid, xr, acc);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (nt >= nt_valid) break;
@@ -307,7 +308,8 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a
             uv = fminf(fmaxf(uv, -a.limit), a.limit);
           }
           const float hv = gv / (1.0f + expf(-gv)) * uv * a.rw[s_pid[j]];
-          a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] = __float2bfloat16_rn(hv);
+          a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] =
+              H16 ? __half_as_ushort(__float2half_rn(hv)) : __bfloat16_as_ushort(__float2bfloat16_rn(hv));
         }
       });
       __syncthreads();
@@ -337,7 +339,7 @@ __device__ __forceinline__ void combine_rows(const Moe2Args& a, int t, int r0, i
   }
 }
 
-template <int NT>
+template <int NT, bool H16>
 __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a) {
   extern __shared__ uint4 ring[];
   __shared__ float red[8][128];
@@ -364,7 +366,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * tpb + warp / ksb, ks = warp % ksb;
   const int cb = ks * C / ksb, ce = (ks + 1) * C / ksb;
-  const uint16_t* hb = reinterpret_cast<const uint16_t*>(a.h);
+  const uint16_t* hb = a.h;
   const DevExpert ex = a.ex[sl.e];
   const uint8_t* const W[1] = {ex.w2};
   const uint8_t* const S[1] = {ex.s2};
@@ -379,8 +381,8 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
     const int nt_valid = min(NT, (sl.ntok - base + 7) / 8);
     float acc[1][NT][4] = {};
     if (tile < tiles)
-      dev::stream_warp<true, NT, 1, kMoeStages>(ring + warp * kRing, W, S, false, a.inter, int64_t(tile) * 16, cb, ce,
-                                                nt_valid, xr, acc);
+      dev::stream_warp<true, NT, 1, kMoeStages, H16>(ring + warp * kRing, W, S, false, a.inter, int64_t(tile) * 16, cb,
+                                                     ce, nt_valid, xr, acc);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (nt >= nt_valid) break;
@@ -414,14 +416,14 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
   }
 }
 
-template <int NT>
+template <int NT, bool H16>
 struct Moe2 {
   static int occ13() {
-    static const int n = occupancy(w13_v2_kernel<NT>, moe2_smem<2>());
+    static const int n = occupancy(w13_v2_kernel<NT, H16>, moe2_smem<2>());
     return n;
   }
   static int occ2() {
-    static const int n = occupancy(w2_v2_kernel<NT>, moe2_smem<1>());
+    static const int n = occupancy(w2_v2_kernel<NT, H16>, moe2_smem<1>());
     return n;
   }
   template <typename K>
@@ -446,10 +448,10 @@ struct Moe2 {
     };
     a.ksb = pick(a.inter / 16, a.hidden / 128, sms * occ13());
     const int tpb13 = 8 / a.ksb;
-    launch_pdl(w13_v2_kernel<NT>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), moe2_smem<2>(), s, a);
+    launch_pdl(w13_v2_kernel<NT, H16>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), moe2_smem<2>(), s, a);
     a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2());
     const int tpb2 = 8 / a.ksb;
-    launch_pdl(w2_v2_kernel<NT>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), moe2_smem<1>(), s, a);
+    launch_pdl(w2_v2_kernel<NT, H16>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), moe2_smem<1>(), s, a);
   }
 };
 
@@ -503,8 +505,10 @@ void moe_workspace_destroy(MoeWorkspace& ws) {
 }
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
-                const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream) {
+                const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,
+                ActFormat act) {
   require_supported_device();
+  const bool h16 = act == ActFormat::kF16;
   if (T < 1 || T > 64 || T > ws.max_tokens)
     throw Error(str_cat("cuda moe_decode: ", T, " tokens unsupported (1..64 and at most the workspace's ", ws.max_tokens, ")"));
   if (s.hidden % 16 != 0 || s.inter % 16 != 0 || s.n_experts < 1 || s.n_experts > kMaxExperts || s.top_k < 1)
@@ -512,14 +516,24 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
                         " top_k ", s.top_k, " unsupported"));
   const int cpw13 = chunks_per_warp(s.hidden, "w1/w3", s), cpw2 = chunks_per_warp(s.inter, "w2", s);
   const int P = T * s.top_k, max_active = std::min(s.n_experts, P);
+  if (h16 && (linear_kernel_version() != 2 || P > kMaxPairs))
+    throw Error(str_cat("cuda moe_decode: f16 activations need the v2 kernels and at most ", kMaxPairs,
+                        " (token, expert) pairs (", P, ")"));
   if (linear_kernel_version() == 2 && P <= kMaxPairs) {
     Moe2Args a{experts, idx, s.hidden, s.inter, s.n_experts, s.top_k, P, T, s.swiglu_limit, x, weights,
-               reinterpret_cast<__nv_bfloat16*>(ws.h), ws.ybuf, out,
+               ws.h, ws.ybuf, out,
                ws.meta + 2 + 2 * size_t(s.n_experts) + 2 * size_t(ws.max_tokens) * s.top_k, accumulate, 1};
-    if (T <= 8) Moe2<1>::run(a, max_active, stream);
-    else if (T <= 16) Moe2<2>::run(a, max_active, stream);
-    else if (T <= 32) Moe2<4>::run(a, max_active, stream);
-    else Moe2<8>::run(a, max_active, stream);
+    if (h16) {
+      if (T <= 8) Moe2<1, true>::run(a, max_active, stream);
+      else if (T <= 16) Moe2<2, true>::run(a, max_active, stream);
+      else if (T <= 32) Moe2<4, true>::run(a, max_active, stream);
+      else Moe2<8, true>::run(a, max_active, stream);
+    } else {
+      if (T <= 8) Moe2<1, false>::run(a, max_active, stream);
+      else if (T <= 16) Moe2<2, false>::run(a, max_active, stream);
+      else if (T <= 32) Moe2<4, false>::run(a, max_active, stream);
+      else Moe2<8, false>::run(a, max_active, stream);
+    }
     return;
   }
   Meta m{ws.meta, s.n_experts, P};
@@ -535,6 +549,35 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
   check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n + 255) / 256, 2048))), dim3(256), 0, stream, 
       ws.ybuf, idx, T, s.top_k, s.n_experts, s.hidden, accumulate, out), "combine_kernel launch");
   check_cuda(cudaGetLastError(), "moe combine launch");
+}
+
+namespace {
+// flag |= 1 when a scale byte of expert blockIdx.x's matrix blockIdx.y lies outside [kFp4F16MinE, kFp4F16MaxE].
+__global__ void scale_range_kernel(const DevExpert* experts, int64_t n13, int64_t n2, int* flag) {
+  const DevExpert ex = experts[blockIdx.x];
+  const uint8_t* p = blockIdx.y == 0 ? ex.s1 : blockIdx.y == 1 ? ex.s3 : ex.s2;
+  const int64_t n = blockIdx.y == 2 ? n2 : n13;
+  bool bad = false;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint32_t e = p[i];
+    bad |= e < dev::kFp4F16MinE || e > dev::kFp4F16MaxE;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(flag, 1);
+}
+}  // namespace
+
+bool moe_scales_fit_f16(const MoeShape& s, const DevExpert* experts, cudaStream_t stream) {
+  int* flag = nullptr;
+  check_cuda(cudaMallocAsync(&flag, sizeof(int), stream), "moe_scales_fit_f16");
+  check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), stream), "moe_scales_fit_f16");
+  scale_range_kernel<<<dim3(s.n_experts, 3), 256, 0, stream>>>(experts, int64_t(s.inter) * (s.hidden / 32),
+                                                               int64_t(s.hidden) * (s.inter / 32), flag);
+  check_cuda(cudaGetLastError(), "moe_scales_fit_f16 launch");
+  int h = 1;
+  check_cuda(cudaMemcpyAsync(&h, flag, sizeof(int), cudaMemcpyDeviceToHost, stream), "moe_scales_fit_f16");
+  check_cuda(cudaFreeAsync(flag, stream), "moe_scales_fit_f16");
+  check_cuda(cudaStreamSynchronize(stream), "moe_scales_fit_f16");
+  return h == 0;
 }
 
 }  // namespace dsv4::cudalin

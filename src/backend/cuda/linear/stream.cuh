@@ -10,6 +10,11 @@
 // FP8 tile scales: one register per lane holds chunk cb+lane's scale (shuffled out per chunk). MXFP4 scales
 // (4 bytes per row and chunk) travel in the ring with the weights.
 // Activations (L1/L2) are loaded one chunk ahead into registers when NT <= 2.
+// H16: the activations are f16 instead of bf16 and the MMAs f16. FP8: each e4m3 pair becomes an f16 pair in
+// one cvt instruction (the bf16 path needs ~4 integer instructions per pair), and the activations need no
+// byte permutes (word s of a lane's weights is k = 4s..4s+3 in order). MXFP4: nibbles -> e4m3 bytes by
+// shifts (frag.cuh), cvt to f16, one f16 multiply by the scale factor (exact for UE8M0 scales in
+// [kFp4F16MinE, kFp4F16MaxE]; the caller checks), ~4 instructions per pair instead of ~7.
 #pragma once
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -93,7 +98,7 @@ __device__ __forceinline__ void load_act_lane(Act32& a, const uint16_t* p) {
   }
 }
 
-template <bool FP4, int NT, int NMAT, int STAGES>
+template <bool FP4, int NT, int NMAT, int STAGES, bool H16 = false>
 __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&W)[NMAT],
                                             const uint8_t* const (&S)[NMAT], bool sf32, int64_t K, int64_t row0,
                                             int cb, int ce, int nt_valid, const uint16_t* const (&xr)[NT],
@@ -210,7 +215,26 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
     for (int m = 0; m < NMAT; ++m) {
       const uint4* sm = st + m * U4;
       uint32_t af[8][4];
-      if constexpr (FP4) {
+      if constexpr (FP4 && H16) {
+        // Word q (k = 8q .. 8q+7 of the lane's 32): k16 step 2q takes pairs (n0, n2) | (n1, n3), step 2q+1
+        // (n4, n6) | (n5, n7); act_frags<false> builds the activations in the same order.
+        const uint4 w0 = lds128(sm + lane), w1 = lds128(sm + 32 + lane);
+        const uint2 se = lds64(reinterpret_cast<const uint32_t*>(sm + 64) + 2 * lane);
+        const uint32_t fa = fp4_f16_factor((se.x >> (8 * t)) & 0xFFu), fb = fp4_f16_factor((se.y >> (8 * t)) & 0xFFu);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t ea = e2m1_even_e4m3(word4(w0, q)), oa = e2m1_odd_e4m3(word4(w0, q));
+          const uint32_t eb = e2m1_even_e4m3(word4(w1, q)), ob = e2m1_odd_e4m3(word4(w1, q));
+          af[2 * q][0] = hmul2(e4m3x2_f16_lo(ea), fa);
+          af[2 * q][1] = hmul2(e4m3x2_f16_lo(eb), fb);
+          af[2 * q][2] = hmul2(e4m3x2_f16_lo(oa), fa);
+          af[2 * q][3] = hmul2(e4m3x2_f16_lo(ob), fb);
+          af[2 * q + 1][0] = hmul2(e4m3x2_f16_hi(ea), fa);
+          af[2 * q + 1][1] = hmul2(e4m3x2_f16_hi(eb), fb);
+          af[2 * q + 1][2] = hmul2(e4m3x2_f16_hi(oa), fa);
+          af[2 * q + 1][3] = hmul2(e4m3x2_f16_hi(ob), fb);
+        }
+      } else if constexpr (FP4) {
         const uint4 w0 = lds128(sm + lane), w1 = lds128(sm + 32 + lane);
         const uint2 se = lds64(reinterpret_cast<const uint32_t*>(sm + 64) + 2 * lane);
         const Fp4Scale sa = fp4_scale((se.x >> (8 * t)) & 0xFFu), sb = fp4_scale((se.y >> (8 * t)) & 0xFFu);
@@ -232,24 +256,48 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
           const uint32_t wa = word4(s < 4 ? p0 : p1, s & 3), wb = word4(s < 4 ? p2 : p3, s & 3);
-          af[s][0] = e4m3_02(wa);
-          af[s][1] = e4m3_02(wb);
-          af[s][2] = e4m3_13(wa);
-          af[s][3] = e4m3_13(wb);
+          if constexpr (H16) {  // k pairs (0,1) | (2,3) of the word, matching the activations' natural order
+            af[s][0] = e4m3x2_f16_lo(wa);
+            af[s][1] = e4m3x2_f16_lo(wb);
+            af[s][2] = e4m3x2_f16_hi(wa);
+            af[s][3] = e4m3x2_f16_hi(wb);
+          } else {
+            af[s][0] = e4m3_02(wa);
+            af[s][1] = e4m3_02(wb);
+            af[s][2] = e4m3_13(wa);
+            af[s][3] = e4m3_13(wb);
+          }
         }
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         if (nt >= nt_valid) break;
         if constexpr (!PF) load_act_lane<FP4>(cur[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
-        uint32_t bf[8][2];
-        act_frags<FP4>(cur[nt], bf);
         // Two independent MMA chains (even / odd k16 steps), added at the end of the chunk.
         float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (H16 && FP4) {
+          uint32_t bf[8][2];
+          act_frags<false>(cur[nt], bf);  // pairs (x0, x2) | (x1, x3) of each word pair, as the weights above
 #pragma unroll
-        for (int s = 0; s < 8; s += 2) {
-          mma(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
-          mma(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+          for (int s = 0; s < 8; s += 2) {
+            mma_f16(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
+            mma_f16(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+          }
+        } else if constexpr (H16) {
+          const uint32_t* u = cur[nt].u;
+#pragma unroll
+          for (int s = 0; s < 8; s += 2) {
+            mma_f16(t0, af[s][0], af[s][1], af[s][2], af[s][3], u[2 * s], u[2 * s + 1]);
+            mma_f16(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], u[2 * s + 2], u[2 * s + 3]);
+          }
+        } else {
+          uint32_t bf[8][2];
+          act_frags<FP4>(cur[nt], bf);
+#pragma unroll
+          for (int s = 0; s < 8; s += 2) {
+            mma(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
+            mma(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+          }
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
