@@ -255,7 +255,7 @@ void bench_moe(bool quick, bool sweep = false) {
       for (int ks = sweep ? 1 : 0; ks <= maxks; ks = ks ? 2 * ks : 1) {
         cudalin::set_moe_ksplit(ks);
         double v1, us, gr;
-        time3(t, quick ? 5 : 15, R, !sweep, [&](int i) {
+        time3(t, quick ? 5 : 15, R, !sweep && g_act == cudalin::ActFormat::kBf16, [&](int i) {  // v1: bf16 only
           cudalin::moe_decode(sh, dex, x, idx + size_t(i) * T * 6, w, T, out, false, ws, g_s, g_act);
         }, v1, us, gr);
         const double bytes = uniq * per + T * sh.hidden * 2.0 + T * sh.hidden * 4.0;

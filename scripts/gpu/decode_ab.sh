@@ -46,6 +46,7 @@ if command -v ncu > /dev/null; then
     timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none -k "regex:${NCU_DETAIL}" \
       --launch-skip 30 --launch-count ${NCU_DETAIL_COUNT:-6} --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       $BIN --model "$CK" --batches 1 --prompt 4 --decode 2 --prefill 0 > "$R/ncu-detail.txt" 2>&1
     echo "ncu detail rc=$? ($(grep -c "Section: GPU Speed Of Light" "$R/ncu-detail.txt") kernels in ncu-detail.txt)"
     grep -E "Context [0-9]+, Stream|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per" \
