@@ -40,7 +40,7 @@ HcWeights random_weights(std::mt19937_64& rng, int mix, int64_t dim, int n_scale
 // cpu::rmsnorm after the CPU hc_pre / hc_head.
 void run_pre(int T, int64_t D, bool head, uint64_t seed, bool fused = false) {
   SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D) +
-               (fused ? " fused norm + bf16" : ""));
+               (fused ? " fused norm + bf16 + f16" : ""));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int mix = head ? N : (2 + N) * N;
@@ -54,18 +54,18 @@ void run_pre(int T, int64_t D, bool head, uint64_t seed, bool fused = false) {
   std::vector<float> nw(D);
   for (float& v : nw) v = 1.0f + 0.3f * nd(rng);
   DeviceBuffer<float> dnw(D);
-  DeviceBuffer<uint16_t> dxb(static_cast<size_t>(T) * D);
+  DeviceBuffer<uint16_t> dxb(static_cast<size_t>(T) * D), dxh(static_cast<size_t>(T) * D);
   dnw.upload(nw);
-  dx.poison(); dpost.poison(); dcomb.poison(); ws.poison(); dxb.poison();
+  dx.poison(); dpost.poison(); dcomb.poison(); ws.poison(); dxb.poison(); dxh.poison();
   cuda::HcArgs a;
   a.n_tokens = T; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
   a.x = dx.get(); a.post = dpost.get(); a.comb = dcomb.get(); a.workspace = ws.get();
-  if (fused) a.norm_w = dnw.get(), a.xb = dxb.get();
+  if (fused) a.norm_w = dnw.get(), a.xb = dxb.get(), a.xh = dxh.get();
   if (head) cuda::hc_head(a, nullptr);
   else cuda::hc_pre(a, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> gx = dx.download(), gp = dpost.download(), gc = dcomb.download();
-  const std::vector<uint16_t> gxb = dxb.download();
+  const std::vector<uint16_t> gxb = dxb.download(), gxh = dxh.download();
   cpu::HcParams p;
   p.dim = D;
   std::vector<float> x(D), post(N), comb(N * N);
@@ -79,6 +79,7 @@ void run_pre(int T, int64_t D, bool head, uint64_t seed, bool fused = false) {
       for (int64_t d = 0; d < D; ++d) {  // bf16 of the GPU's own x, round to nearest even
         const uint16_t u = f32_to_bf16(gx[t * D + d]);
         ASSERT_EQ(gxb[t * D + d], u) << "xb[" << t << ", " << d << "]";
+        ASSERT_EQ(gxh[t * D + d], f32_to_f16(gx[t * D + d])) << "xh[" << t << ", " << d << "]";
       }
     }
     expect_close(std::vector<float>(gx.begin() + t * D, gx.begin() + (t + 1) * D), x, 2e-5, "x");
@@ -95,6 +96,8 @@ TEST(CudaMhc, Pre) {
   const uint64_t s = cuda_test::test_seed() + 200;
   run_pre(1, 7168, false, s);
   run_pre(5, 4096, false, s + 1);
+  run_pre(8, 4096, false, s + 4);  // the last token count of the decode mix kernel
+  run_pre(9, 4096, false, s + 5);  // the first of the CTA-per-32-tokens one
   run_pre(77, 7168, false, s + 2);
   run_pre(300, 96, false, s + 3);
 }

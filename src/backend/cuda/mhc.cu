@@ -9,9 +9,11 @@
 //      token's h as float4 (row stride 132 floats: conflict-free) and fn as float4 broadcasts, 4 FMAs per shared
 //      load. Warps are then summed through shared memory in a fixed order and the CTA writes M+1 partials
 //      (mixes, sum of squares) per token to the workspace [KS][T][M+1].
-//   2. hc_finish_kernel: CTA = one token (512 threads): sums the KS partials in order, applies the norm,
-//      sigmoids and (hc_pre) Sinkhorn in fp32 on 16 lanes, then x = Σ_j pre_j h_j, and optionally the
-//      sub-layer's RMSNorm and a bf16 copy of x (HcArgs::norm_w, xb: one kernel instead of three).
+//      Up to 8 tokens (decode) hc_mix_small_kernel instead: a warp per K range, lanes along k, tokens looped.
+//   2. hc_finish_kernel: CTA = one token (512 threads): sums the KS partials (fixed order), applies the norm,
+//      sigmoids and (hc_pre, warp 15 alone) Sinkhorn in fp32 on 16 lanes, while warps 0..14 form
+//      x = Σ_j pre_j h_j, and optionally the sub-layer's RMSNorm and bf16 / f16 copies of x (HcArgs::norm_w,
+//      xb, xh: one kernel instead of three).
 //      This re-reads h; for batches up to ~300 tokens (h <= ~35 MB) that read hits L2.
 // hc_post: pure streaming, one float4 of D per thread for all 4 output streams.
 #include <cuda_bf16.h>
@@ -125,6 +127,53 @@ __global__ void __launch_bounds__(kThreads) hc_mix_kernel(const float* __restric
   }
 }
 
+// Decode (few tokens): the CTA-per-32-tokens kernel above leaves 31 of 32 lanes idle at one token. Here a
+// warp owns cpw chunks of 128 k (lane = 4 consecutive k, float4 loads of fn and h straight from global),
+// loops over the tokens, and reduces its M + 1 sums across lanes (butterfly, fixed order): one partial per
+// warp and token in the same workspace layout [KS][T][M+1] (KS = the number of warps).
+constexpr int kSmallMixTokens = 8;
+constexpr int kSmallMixWarps = 1;  // one warp per CTA: the K ranges spread over as many SMs
+int small_mix_cpw(int64_t dim) { return static_cast<int>((kN * dim / kKc + kMaxKs - 1) / kMaxKs); }
+int small_mix_ks(int64_t dim) {
+  const int chunks = static_cast<int>(kN * dim / kKc), cpw = small_mix_cpw(dim);
+  return (chunks + cpw - 1) / cpw;
+}
+
+template <int M>
+__global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(const float* __restrict__ h,
+                                                                           const float* __restrict__ fn, int n_tokens,
+                                                                           int64_t K, int cpw, int ks_count,
+                                                                           float* __restrict__ ws) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int lane = threadIdx.x & 31, w = blockIdx.x * kSmallMixWarps + (threadIdx.x >> 5);
+  if (w >= ks_count) return;
+  const int64_t n_chunks = K / kKc, c0 = static_cast<int64_t>(w) * cpw, c1 = min(c0 + cpw, n_chunks);
+  for (int t = 0; t < n_tokens; ++t) {
+    float acc[M + 1];
+#pragma unroll
+    for (int m = 0; m <= M; ++m) acc[m] = 0.f;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t k0 = c * kKc + 4 * lane;
+      const float4 hv = __ldg(reinterpret_cast<const float4*>(h + t * K + k0));
+      acc[M] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(fn + m * K + k0));
+        acc[m] += hv.x * f.x + hv.y * f.y + hv.z * f.z + hv.w * f.w;
+      }
+    }
+    float mine = 0.f;
+#pragma unroll
+    for (int m = 0; m <= M; ++m) {
+      float v = acc[m];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == m) mine = v;
+    }
+    if (lane <= M) ws[(static_cast<int64_t>(w) * n_tokens + t) * (M + 1) + lane] = mine;
+  }
+}
+
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // Sinkhorn of one 4x4 matrix held by 16 consecutive lanes (lane l holds c[l/4][l%4]); every lane of the warp
@@ -158,58 +207,74 @@ __device__ __forceinline__ float sinkhorn_lane(float c, int iters, float eps) {
 }
 
 constexpr int kFinThreads = 512;
-constexpr int kFinVec = 4;  // float4s of D per thread: D <= 4 * 4 * 512 = 8192
+constexpr int kFinX = kFinThreads - 32;  // warps 0..14 compute x; warp 15 runs hc_pre's post / Sinkhorn meanwhile
+constexpr int kFinVec = 4;               // float4s of D per x thread: D <= 4 * 4 * 480 = 7680 (validate: <= 7168)
+constexpr int kSumLanes = 16;            // threads per mix summing the KS partials
 
-// One block per token: x = sum_j pre_j h_j over the whole row (each thread keeps its <= 4 float4s in
-// registers), then optionally RMSNorm(x) * norm_w (cpu::rmsnorm's formula, sum of squares in double) and a
-// bf16 copy (round to nearest even, as cudalin::cast_f32_to_bf16) for the linears that read x.
+__device__ __forceinline__ void x_warps_barrier() { asm volatile("bar.sync 1, %0;" ::"n"(kFinX) : "memory"); }
+
+// One block per token. All loads first (the KS partials and this thread's h, independent of each other), then
+// the KS partials summed per mix by 16 threads (strided, then a butterfly: a fixed order), the norm and the
+// sigmoids; then warp 15 alone does hc_pre's post and Sinkhorn (a chain of 40 dependent divisions) while warps
+// 0..14 form x = sum_j pre_j h_j, optionally RMSNorm(x) * norm_w (cpu::rmsnorm's formula, sum of squares in
+// double; their own barrier, bar.sync 1) and the bf16 / f16 copies (round to nearest even, as
+// cudalin::cast_f32_to_bf16) for the linears that read x.
 // (Minimum 1 block per SM in the bounds: without it ptxas spills around the double reduction.)
 template <int M>
 __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int ks_count) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float mix[M + 1];
   __shared__ float pre[kN];
-  __shared__ double part[kFinThreads / 32];
+  __shared__ double part[kFinX / 32];
   __shared__ float partial[kMaxKs * (M + 1)];
-  const int t = blockIdx.x, tid = threadIdx.x;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
   const int64_t D = a.dim, K = kN * D, D4 = D / 4;
   const float* ws = static_cast<const float*>(a.workspace);
-  // The KS partials are loaded by all threads at once (a loop of dependent-latency loads per mix was most
-  // of this kernel's time), then summed in split order as before.
   for (int i = tid; i < ks_count * (M + 1); i += kFinThreads)
     partial[i] = ws[(static_cast<int64_t>(i / (M + 1)) * a.n_tokens + t) * (M + 1) + i % (M + 1)];
-  __syncthreads();
-  if (tid <= M) {
-    float s = 0.f;
-    for (int ks = 0; ks < ks_count; ++ks) s += partial[ks * (M + 1) + tid];
-    mix[tid] = s;
-  }
-  __syncthreads();
-  const float r = 1.0f / sqrtf(mix[M] / static_cast<float>(K) + a.norm_eps);
-  if (tid < kN) pre[tid] = sigmoidf(mix[tid] * r * a.scale[0] + a.base[tid]) + a.hc_eps;
-  if constexpr (M == kMaxMix) {
-    if (tid < 32) {
-      if (tid < kN) a.post[t * kN + tid] = 2.0f * sigmoidf(mix[kN + tid] * r * a.scale[1] + a.base[kN + tid]);
-      const int l = tid & 15;
-      const float c = sinkhorn_lane(mix[2 * kN + l] * r * a.scale[2] + a.base[2 * kN + l], a.sinkhorn_iters, a.hc_eps);
-      if (tid < 16) a.comb[t * kN * kN + l] = c;
+  const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
+  float4 hv[kFinVec][kN];
+  if (tid < kFinX) {
+#pragma unroll
+    for (int i = 0; i < kFinVec; ++i) {
+      const int64_t d4 = tid + static_cast<int64_t>(i) * kFinX;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) hv[i][j] = d4 < D4 ? __ldg(h + j * D4 + d4) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   __syncthreads();
-  const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
+  {
+    const int m = tid / kSumLanes, sub = tid % kSumLanes;  // every lane joins the shuffles
+    float s = 0.f;
+    if (m <= M)
+      for (int ks = sub; ks < ks_count; ks += kSumLanes) s += partial[ks * (M + 1) + m];
+#pragma unroll
+    for (int o = kSumLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (m <= M && sub == 0) mix[m] = s;
+  }
+  __syncthreads();
+  const float r = 1.0f / sqrtf(mix[M] / static_cast<float>(K) + a.norm_eps);
+  if (tid >= kFinX) {  // warp 15
+    if constexpr (M == kMaxMix) {
+      if (lane < kN) a.post[t * kN + lane] = 2.0f * sigmoidf(mix[kN + lane] * r * a.scale[1] + a.base[kN + lane]);
+      const int l = lane & 15;
+      const float c = sinkhorn_lane(mix[2 * kN + l] * r * a.scale[2] + a.base[2 * kN + l], a.sinkhorn_iters, a.hc_eps);
+      if (lane < 16) a.comb[t * kN * kN + l] = c;
+    }
+    return;
+  }
+  float p[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) p[j] = sigmoidf(mix[j] * r * a.scale[0] + a.base[j]) + a.hc_eps;
   float4 xv[kFinVec];
   double ss = 0.0;
 #pragma unroll
   for (int i = 0; i < kFinVec; ++i) {
-    const int64_t d4 = tid + static_cast<int64_t>(i) * kFinThreads;
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (d4 < D4) {
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const float4 v = __ldg(h + j * D4 + d4);
-        const float p = pre[j];
-        s.x += p * v.x; s.y += p * v.y; s.z += p * v.z; s.w += p * v.w;
-      }
+    for (int j = 0; j < kN; ++j) {
+      const float4 v = hv[i][j];
+      s.x += p[j] * v.x; s.y += p[j] * v.y; s.z += p[j] * v.z; s.w += p[j] * v.w;
     }
     xv[i] = s;
     ss += static_cast<double>(s.x) * s.x + static_cast<double>(s.y) * s.y + static_cast<double>(s.z) * s.z +
@@ -218,15 +283,15 @@ __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int
   float rn = 1.0f;
   if (a.norm_w) {
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((tid & 31) == 0) part[tid >> 5] = ss;
-    __syncthreads();
+    if (lane == 0) part[tid >> 5] = ss;
+    x_warps_barrier();
     double tot = 0.0;
-    for (int w = 0; w < kFinThreads / 32; ++w) tot += part[w];  // fixed order
+    for (int w = 0; w < kFinX / 32; ++w) tot += part[w];  // fixed order
     rn = 1.0f / sqrtf(static_cast<float>(tot / static_cast<double>(D)) + a.norm_eps);
   }
 #pragma unroll
   for (int i = 0; i < kFinVec; ++i) {
-    const int64_t d4 = tid + static_cast<int64_t>(i) * kFinThreads;
+    const int64_t d4 = tid + static_cast<int64_t>(i) * kFinX;
     if (d4 >= D4) continue;
     float4 v = xv[i];
     if (a.norm_w) {
@@ -303,10 +368,20 @@ void validate(const HcArgs& a, const char* who, bool pre) {
 template <int M>
 void run_hc(const HcArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return;
-  const int ks = split_k(a.n_tokens, a.dim);
-  dim3 g1((a.n_tokens + kTok - 1) / kTok, ks);
-  check(launch(hc_mix_kernel<M>, dim3(g1), dim3(kThreads), 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, ks,
-                                                 static_cast<float*>(a.workspace)), "hc_mix_kernel launch");
+  int ks;
+  if (a.n_tokens <= kSmallMixTokens) {
+    ks = small_mix_ks(a.dim);
+    check(launch(hc_mix_small_kernel<M>, dim3((ks + kSmallMixWarps - 1) / kSmallMixWarps), dim3(kSmallMixWarps * 32),
+                 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, small_mix_cpw(a.dim), ks,
+                 static_cast<float*>(a.workspace)),
+          "hc_mix_small_kernel launch");
+  } else {
+    ks = split_k(a.n_tokens, a.dim);
+    dim3 g1((a.n_tokens + kTok - 1) / kTok, ks);
+    check(launch(hc_mix_kernel<M>, dim3(g1), dim3(kThreads), 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, ks,
+                 static_cast<float*>(a.workspace)),
+          "hc_mix_kernel launch");
+  }
   check(cudaGetLastError(), "hc_mix_kernel launch");
   const dim3 g2(a.n_tokens);
   check(launch(hc_finish_kernel<M>, dim3(g2), dim3(kFinThreads), 0, stream, a, ks), "hc_finish_kernel launch");
@@ -320,8 +395,10 @@ size_t hc_workspace_bytes(int n_tokens, int64_t dim) {
   // The split count falls as the token count grows, so splits x tokens is not monotone in the tokens: take
   // the largest over every count a caller sized for n_tokens may launch with.
   size_t most = 0;
-  for (int t = 1; t <= n_tokens; ++t)
-    most = std::max(most, static_cast<size_t>(split_k(t, dim)) * t * (kMaxMix + 1) * sizeof(float));
+  for (int t = 1; t <= n_tokens; ++t) {
+    const int ks = t <= kSmallMixTokens ? small_mix_ks(dim) : split_k(t, dim);
+    most = std::max(most, static_cast<size_t>(ks) * t * (kMaxMix + 1) * sizeof(float));
+  }
   return most;
 }
 

@@ -89,6 +89,10 @@ struct GpuModel::Impl {
   cudaStream_t side = nullptr;
   cudalin::Workspace ws_side{};
   cudaEvent_t ev_fork = nullptr, ev_mid = nullptr, ev_join = nullptr;
+  // A third stream for the attention compressor of decode steps (it reads only x; its linears are glue
+  // kernels there, so it needs no GEMV workspace), with its own fork / join events.
+  cudaStream_t side2 = nullptr;
+  cudaEvent_t ev_fork2 = nullptr, ev_join2 = nullptr;
   DeviceWeights w;
   std::unique_ptr<DeviceState> st;
   const float *freq_window = nullptr, *freq_comp = nullptr;
@@ -118,9 +122,10 @@ struct GpuModel::Impl {
     Impl& im;
     cudaStream_t saved_stream;
     cudalin::Workspace saved_ws;
-    explicit OnSide(Impl& i) : im(i), saved_stream(i.stream), saved_ws(i.ws) {
-      im.stream = im.side;
-      im.ws = im.ws_side;
+    explicit OnSide(Impl& i) : OnSide(i, i.side, i.ws_side) {}
+    OnSide(Impl& i, cudaStream_t s, cudalin::Workspace w) : im(i), saved_stream(i.stream), saved_ws(i.ws) {
+      im.stream = s;
+      im.ws = w;
     }
     ~OnSide() {
       im.stream = saved_stream;

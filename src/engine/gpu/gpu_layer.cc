@@ -178,6 +178,18 @@ void GpuModel::Impl::attention(int li, int T) {
     OnSide on(*this);
     index_from_x();
   }
+  // overlap_branches: the attention compressor (it reads only x) runs on the third stream from the start; the
+  // main stream waits for it before the slot lists.
+  auto compress_main = [&]() {
+    compress(L.comp, s.ckv, s.cg, P.comp_state, P.kv, static_cast<int64_t>(st->row_bytes),
+             meta.dev(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri)), c->rope_head_dim, 64);
+  };
+  const bool par_comp = r && overlap(T);
+  if (par_comp) {
+    hand_over(stream, side2, ev_fork2);
+    OnSide on(*this, side2, cudalin::Workspace{});
+    compress_main();
+  }
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
   // 16-bit copies of x (written by hc_pre, layer(), in the format attn_x_h16 chose) and of the normalized
@@ -215,9 +227,7 @@ void GpuModel::Impl::attention(int li, int T) {
                   stream);
   mark(li, "kv");
 
-  if (r)
-    compress(L.comp, s.ckv, s.cg, P.comp_state, P.kv, static_cast<int64_t>(st->row_bytes),
-             meta.dev(static_cast<StepMeta::I64>(StepMeta::kEntry0 + ri)), c->rope_head_dim, 64);
+  if (r && !par_comp) compress_main();
   mark(li, "compress");
 
   if (csa && !par) {
@@ -225,6 +235,7 @@ void GpuModel::Impl::attention(int li, int T) {
     index_from_q(qrb);
   }
   if (par) hand_over(side, stream, ev_join);
+  if (par_comp) hand_over(side2, stream, ev_join2);
 
   // Slot lists over the layer's pool, sparse attention with sinks, inverse RoPE.
   const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;

@@ -25,11 +25,13 @@ GpuModel::Impl::~Impl() {
   for (auto& g : graphs) cudaGraphExecDestroy(g.second);
   for (auto& e : prof) cudaEventDestroy(e.second);
   if (side) cudaStreamSynchronize(side);
+  if (side2) cudaStreamSynchronize(side2);
   cudalin::workspace_destroy(ws);
   if (ws_side.partial) cudalin::workspace_destroy(ws_side);
-  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join})
+  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2})
     if (e) cudaEventDestroy(e);
   if (side) cudaStreamDestroy(side);
+  if (side2) cudaStreamDestroy(side2);
   if (moe_ws.meta) cudalin::moe_workspace_destroy(moe_ws);
   if (moe_prefill_ws.max_tokens) cudalin::moe_prefill_workspace_destroy(moe_prefill_ws);
   for (void* p : dev_allocs) cudaFree(p);
@@ -269,7 +271,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   if (opt.overlap_branches) {
     cuda::check(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
-    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join})
+    cuda::check(cudaStreamCreateWithFlags(&im.side2, cudaStreamNonBlocking), "cudaStreamCreate (side2)");
+    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
   }
   im.w.upload(m->host_->weights(), c, opt.progress);
