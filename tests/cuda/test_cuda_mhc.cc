@@ -1,6 +1,7 @@
 // cuda::hc_pre / hc_post / hc_head against cpu::hc_pre / hc_post / hc_head, and the device Sinkhorn against a
 // float64 Sinkhorn. Fresh random inputs every run, outputs poisoned before each launch.
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "backend/cpu/mhc.h"
@@ -145,6 +146,54 @@ TEST(CudaMhc, Post) {
       cpu::hc_post(p, &y[t * D], &res[t * N * D], &post[t * N], &comb[t * N * N], &want[t * N * D]);
     expect_close(got, want, 1e-6, "out");
   }
+}
+
+// hc_pre / hc_head with the previous hc_post fused in front (HcArgs::prev_*) against the two launches it
+// replaces: h, x, post and comb bit for bit (the decode mix kernel up to 8 tokens, the separate hc_post above;
+// D = 96 puts 128-wide chunks across stream boundaries).
+TEST(CudaMhc, FusedPostMatchesSeparateLaunches) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 500);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (bool head : {false, true})
+    for (auto [T, D] : {std::pair<int, int64_t>{1, 4096}, {5, 7168}, {8, 96}, {9, 4096}, {2, 32}}) {
+      SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D));
+      const int mix = head ? N : (2 + N) * N;
+      HcWeights w = random_weights(rng, mix, D, head ? 1 : 3);
+      std::vector<float> y(T * D), res(T * N * D), post(T * N), comb(T * N * N), nw(D);
+      for (float& v : y) v = nd(rng);
+      for (float& v : res) v = nd(rng);
+      for (float& v : post) v = 2.0f / (1.0f + std::exp(-nd(rng)));
+      for (float& v : comb) v = std::fabs(nd(rng)) * 0.5f;
+      for (float& v : nw) v = 1.0f + 0.3f * nd(rng);
+      DeviceBuffer<float> dy(y.size()), dr(res.size()), dp(post.size()), dc(comb.size()), dfn(w.fn.size()),
+          dbase(w.base.size()), dscale(w.scale.size()), dnw(D);
+      dy.upload(y); dr.upload(res); dp.upload(post); dc.upload(comb); dfn.upload(w.fn); dbase.upload(w.base);
+      dscale.upload(w.scale); dnw.upload(nw);
+      std::vector<std::vector<float>> out[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        DeviceBuffer<float> dh(res.size()), dx(static_cast<size_t>(T) * D), dpo(T * N), dco(T * N * N);
+        DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(T, D));
+        dh.poison(); dx.poison(); dpo.poison(); dco.poison(); ws.poison();
+        cuda::HcArgs a;
+        a.n_tokens = T; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
+        a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get(); a.workspace = ws.get(); a.norm_w = dnw.get();
+        if (fused) {
+          a.prev_y = dy.get(), a.prev_res = dr.get(), a.prev_post = dp.get(), a.prev_comb = dc.get();
+        } else {
+          cuda::hc_post(T, D, N, dy.get(), dr.get(), dp.get(), dc.get(), dh.get(), nullptr);
+        }
+        if (head) cuda::hc_head(a, nullptr);
+        else cuda::hc_pre(a, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        out[fused] = {dh.download(), dx.download()};
+        if (!head) out[fused].push_back(dpo.download()), out[fused].push_back(dco.download());
+      }
+      const char* names[] = {"h", "x", "post", "comb"};
+      for (size_t i = 0; i < out[0].size(); ++i)
+        EXPECT_EQ(0, std::memcmp(out[0][i].data(), out[1][i].data(), out[0][i].size() * sizeof(float)))
+            << names[i] << " differs between the fused and the separate hc_post";
+    }
 }
 
 // float64 Sinkhorn with the same steps as cpu::sinkhorn.

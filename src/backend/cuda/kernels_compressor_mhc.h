@@ -63,7 +63,7 @@ struct HcArgs {
   int n_tokens = 0;
   int64_t dim = 0;
   int n = 4;                   // hc_mult
-  const float* h = nullptr;    // [n_tokens, n, dim]
+  const float* h = nullptr;    // [n_tokens, n, dim] (written first when prev_y is set)
   const float* fn = nullptr;   // [mix, n*dim]: mix = 24 (hc_pre) or 4 (hc_head)
   const float* base = nullptr; // [mix]
   const float* scale = nullptr;// [3] (hc_pre) or [1] (hc_head)
@@ -80,6 +80,12 @@ struct HcArgs {
   const float* norm_w = nullptr;  // [dim]
   uint16_t* xb = nullptr;         // [n_tokens, dim]
   uint16_t* xh = nullptr;         // [n_tokens, dim]
+  // Optional: the previous sub-layer's hc_post in front (one launch fewer at decode): h = post ⊗ y + combᵀ · res
+  // (hc_post's formula) is written to h, which must not alias prev_res, before the mixes read it.
+  const float* prev_y = nullptr;     // [n_tokens, dim]
+  const float* prev_res = nullptr;   // [n_tokens, n, dim]
+  const float* prev_post = nullptr;  // [n_tokens, n]
+  const float* prev_comb = nullptr;  // [n_tokens, n*n]
 };
 // Enough for any launch of up to n_tokens tokens (the split-K factor depends on the token count).
 size_t hc_workspace_bytes(int n_tokens, int64_t dim);

@@ -139,14 +139,32 @@ int small_mix_ks(int64_t dim) {
   return (chunks + cpw - 1) / cpw;
 }
 
+// One float4 of hc_post's output: stream k, elements d4*4 .. d4*4+3 of token t (hc_post_kernel's arithmetic).
+__device__ __forceinline__ float4 post_float4(const float* __restrict__ y, const float* __restrict__ res,
+                                              const float* __restrict__ post, const float* __restrict__ comb, int t,
+                                              int64_t D, int k, int64_t d4) {
+  const int64_t D4 = D / 4;
+  const float p = __ldg(post + t * kN + k);
+  const float4 yv = __ldg(reinterpret_cast<const float4*>(y + t * D) + d4);
+  float4 s = make_float4(p * yv.x, p * yv.y, p * yv.z, p * yv.w);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const float w = __ldg(comb + t * kN * kN + j * kN + k);
+    const float4 r = __ldg(reinterpret_cast<const float4*>(res + t * kN * D) + j * D4 + d4);
+    s.x += w * r.x; s.y += w * r.y; s.z += w * r.z; s.w += w * r.w;
+  }
+  return s;
+}
+
 template <int M>
-__global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(const float* __restrict__ h,
-                                                                           const float* __restrict__ fn, int n_tokens,
-                                                                           int64_t K, int cpw, int ks_count,
-                                                                           float* __restrict__ ws) {
+__global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(HcArgs a, int cpw, int ks_count) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int lane = threadIdx.x & 31, w = blockIdx.x * kSmallMixWarps + (threadIdx.x >> 5);
   if (w >= ks_count) return;
+  const int n_tokens = a.n_tokens;
+  const int64_t D = a.dim, K = kN * D;
+  const float* __restrict__ fn = a.fn;
+  float* __restrict__ ws = static_cast<float*>(a.workspace);
   const int64_t n_chunks = K / kKc, c0 = static_cast<int64_t>(w) * cpw, c1 = min(c0 + cpw, n_chunks);
   for (int t = 0; t < n_tokens; ++t) {
     float acc[M + 1];
@@ -154,7 +172,13 @@ __global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(const
     for (int m = 0; m <= M; ++m) acc[m] = 0.f;
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t k0 = c * kKc + 4 * lane;
-      const float4 hv = __ldg(reinterpret_cast<const float4*>(h + t * K + k0));
+      float4 hv;
+      if (a.prev_y) {  // the fused hc_post: this lane's 4 elements of h, written and used
+        hv = post_float4(a.prev_y, a.prev_res, a.prev_post, a.prev_comb, t, D, static_cast<int>(k0 / D), (k0 % D) / 4);
+        *reinterpret_cast<float4*>(const_cast<float*>(a.h) + t * K + k0) = hv;
+      } else {
+        hv = __ldg(reinterpret_cast<const float4*>(a.h + t * K + k0));
+      }
       acc[M] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -360,9 +384,12 @@ void validate(const HcArgs& a, const char* who, bool pre) {
     fail("cuda::", who, ": a required pointer is null");
   if (reinterpret_cast<uintptr_t>(a.h) % 16 || reinterpret_cast<uintptr_t>(a.fn) % 16 ||
       reinterpret_cast<uintptr_t>(a.x) % 16 || reinterpret_cast<uintptr_t>(a.norm_w) % 16 ||
-      reinterpret_cast<uintptr_t>(a.xb) % 8 || reinterpret_cast<uintptr_t>(a.xh) % 8)
-    fail("cuda::", who, ": h, fn, x and norm_w must be 16-byte aligned, xb and xh 8-byte aligned");
+      reinterpret_cast<uintptr_t>(a.xb) % 8 || reinterpret_cast<uintptr_t>(a.xh) % 8 ||
+      reinterpret_cast<uintptr_t>(a.prev_y) % 16 || reinterpret_cast<uintptr_t>(a.prev_res) % 16)
+    fail("cuda::", who, ": h, fn, x, norm_w, prev_y and prev_res must be 16-byte aligned, xb and xh 8-byte aligned");
   if (pre && a.sinkhorn_iters < 1) fail("cuda::", who, ": sinkhorn_iters=", a.sinkhorn_iters, " must be >= 1");
+  if (a.prev_y && (!a.prev_res || !a.prev_post || !a.prev_comb || a.prev_res == a.h))
+    fail("cuda::", who, ": the fused hc_post needs prev_res, prev_post and prev_comb, and h must not alias prev_res");
 }
 
 template <int M>
@@ -372,10 +399,11 @@ void run_hc(const HcArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= kSmallMixTokens) {
     ks = small_mix_ks(a.dim);
     check(launch(hc_mix_small_kernel<M>, dim3((ks + kSmallMixWarps - 1) / kSmallMixWarps), dim3(kSmallMixWarps * 32),
-                 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, small_mix_cpw(a.dim), ks,
-                 static_cast<float*>(a.workspace)),
+                 0, stream, a, small_mix_cpw(a.dim), ks),
           "hc_mix_small_kernel launch");
   } else {
+    if (a.prev_y)  // the previous hc_post as its own launch
+      hc_post(a.n_tokens, a.dim, a.n, a.prev_y, a.prev_res, a.prev_post, a.prev_comb, const_cast<float*>(a.h), stream);
     ks = split_k(a.n_tokens, a.dim);
     dim3 g1((a.n_tokens + kTok - 1) / kTok, ks);
     check(launch(hc_mix_kernel<M>, dim3(g1), dim3(kThreads), 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, ks,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/glue/sample.h"
+#include "backend/cuda/kernels_compressor_mhc.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "engine/gpu/device_state.h"
 #include "engine/gpu/device_weights.h"
@@ -99,6 +100,11 @@ struct GpuModel::Impl {
   int n_freq = 0;
   StepMeta meta;
   float* h_cur = nullptr;  // the current hyper-connection streams of the step: s.h or s.res (ping-pong)
+  // Decode steps fuse each hc_post into the next hc_pre / hc_head (HcArgs::prev_*): post() then only records
+  // the residual it would have read, and h_cur already names the buffer the fused kernel writes.
+  const float* pending_res = nullptr;
+  // Sets a's h and, when an hc_post is pending, its fused inputs.
+  void take_pending_post(cuda::HcArgs& a);
   Scratch s{};
   cudalin::Workspace ws{};
   cudalin::MoeWorkspace moe_ws{};

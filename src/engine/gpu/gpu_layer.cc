@@ -12,6 +12,9 @@ namespace dsv4::gpu {
 
 namespace {
 int ratio_index(int r) { return r == 0 ? 0 : r == 4 ? 1 : 2; }
+// Steps of at most this many tokens fuse hc_post into the next hc_pre / hc_head (the decode mix kernel's range;
+// with the profile on, hc_post keeps its own launch and mark).
+constexpr int kFusedPostTokens = 8;
 }  // namespace
 
 bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
@@ -353,7 +356,7 @@ void GpuModel::Impl::layer(int li, int T) {
     a.n_tokens = T;
     a.dim = D;
     a.n = n;
-    a.h = h_cur;
+    take_pending_post(a);
     a.fn = hw.fn;
     a.base = hw.base;
     a.scale = hw.scale;
@@ -375,7 +378,8 @@ void GpuModel::Impl::layer(int li, int T) {
     // The streams ping-pong between s.h and s.res: hc_post reads the current ones as its residual and
     // writes the new ones to the other buffer (no copy; it must not write its input in place).
     float* next = h_cur == s.h ? s.res : s.h;
-    cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
+    if (T <= kFusedPostTokens && !opt.profile_layers) pending_res = h_cur;  // fused into the next hc_pre / hc_head
+    else cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
     h_cur = next;
     mark(li, "hc_post");
   };
@@ -394,11 +398,19 @@ void GpuModel::Impl::layer(int li, int T) {
   post();
 }
 
+void GpuModel::Impl::take_pending_post(cuda::HcArgs& a) {
+  a.h = h_cur;
+  if (!pending_res) return;
+  a.prev_y = s.y, a.prev_res = pending_res, a.prev_post = s.post, a.prev_comb = s.comb;
+  pending_res = nullptr;
+}
+
 void GpuModel::Impl::run_step(int T) {
   const int64_t D = c->hidden_size;
   prof_n = 0;
   mark("start");
   h_cur = s.h;  // every step starts here, so a captured step replays the same buffer sequence
+  pending_res = nullptr;
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, h_cur, stream);
   mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);
@@ -406,7 +418,7 @@ void GpuModel::Impl::run_step(int T) {
   a.n_tokens = T;
   a.dim = D;
   a.n = c->hc_mult;
-  a.h = h_cur;
+  take_pending_post(a);
   a.fn = w.hc_head.fn;
   a.base = w.hc_head.base;
   a.scale = w.hc_head.scale;

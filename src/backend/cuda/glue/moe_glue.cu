@@ -17,6 +17,8 @@ __device__ __forceinline__ float score_of(int f, float l) {
   return l;
 }
 
+// Above kRankMaxExperts experts (route_rank_kernel below serves the rest; the register variant NJ > 0 is kept
+// compiled but no longer launched: one warp's dependent chain cost ~10 us per token at decode).
 // One warp per token (kRouteWarps tokens per block), no block barriers: lane i holds experts i + 32 j (j < NJ)
 // in registers, or in this warp's rows of shared memory when E > 32 * kRouteSlots (NJ == 0). The experts are
 // picked in cpu::moe_route's order (biased score descending, lowest index among equal values; NaN never
@@ -149,6 +151,86 @@ __global__ void route_kernel(const float* logits, int T, int E, int K, int f, co
   }
 }
 
+// Decode router for E <= kRankMaxExperts: one block per token, a thread per expert (strided), no selection
+// rounds. Scores as route_kernel (the softmax sum in the same order: thread w*32+lane over its experts
+// w*32+lane+256r, a warp butterfly, then warps 0..7 in order), then every thread counts the experts that beat
+// each of its own in route_better's strict total order (shared-memory broadcast reads): that count is the
+// expert's pick index, so the K best land in sel[] in cpu::moe_route's order after one barrier. (The
+// warp-per-token route_kernel is a ~1,500-instruction dependent chain in one warp: ~10 us at one token.)
+constexpr int kRankThreads = 256;
+constexpr int kRankMaxExperts = 1024;
+
+__global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const float* logits, int E, int K, int f,
+                                                                  const float* bias, const int32_t* tid2eid,
+                                                                  const int32_t* tokens, bool norm_topk,
+                                                                  float scaling, int32_t* idx, float* weights) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  __shared__ float sc[kRankMaxExperts], key[kRankMaxExperts];
+  __shared__ float red[kRankThreads / 32];
+  __shared__ int sel[kMaxTopK];
+  constexpr unsigned kAll = 0xffffffffu;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* l = logits + static_cast<int64_t>(t) * E;
+  if (tid < kMaxTopK) sel[tid] = -1;
+  for (int e = tid; e < E; e += kRankThreads) sc[e] = l[e];
+  if (f == 2) {
+    float m = -INFINITY;
+    for (int e = tid; e < E; e += kRankThreads) m = fmaxf(m, sc[e]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kAll, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = red[0];
+    for (int w = 1; w < kRankThreads / 32; ++w) m = fmaxf(m, red[w]);
+    float p = 0.0f;
+    for (int e = tid; e < E; e += kRankThreads) p += expf(sc[e] - m);
+    p = warp_sum(p);
+    __syncthreads();  // everyone has read red[] (the max)
+    if (lane == 0) red[warp] = p;
+    __syncthreads();
+    float sum = 0.0f;
+    for (int w = 0; w < kRankThreads / 32; ++w) sum += red[w];
+    for (int e = tid; e < E; e += kRankThreads) sc[e] = expf(sc[e] - m) / sum;
+  } else {
+    for (int e = tid; e < E; e += kRankThreads) sc[e] = score_of(f, sc[e]);
+  }
+  if (!tid2eid)
+    for (int e = tid; e < E; e += kRankThreads) key[e] = sc[e] + bias[e];
+  __syncthreads();
+  if (tid2eid) {
+    if (tid < K) sel[tid] = tid2eid[static_cast<int64_t>(tokens[t]) * K + tid];
+  } else {
+    for (int e = tid; e < E; e += kRankThreads) {
+      const float v = key[e];
+      int rank = 0;
+      if (v == v) {  // a number: beaten by larger numbers and by equal ones of lower index (NaN never beats it)
+        for (int j = 0; j < E; ++j) {
+          const float o = key[j];
+          rank += (o > v) | ((o == v) & (j < e));
+        }
+      } else {  // NaN: beaten by every number and by NaNs of lower index
+        for (int j = 0; j < E; ++j) {
+          const float o = key[j];
+          rank += (o == o) | (j < e);
+        }
+      }
+      if (rank < K) sel[rank] = e;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // weights: the picks' scores summed in pick order, as on the CPU
+    const int e = lane < K ? sel[lane] : -1;
+    const float my_s = e >= 0 && e < E ? sc[e] : 0.0f;
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += __shfl_sync(kAll, my_s, k);
+    if (lane < K) {
+      float w = my_s;
+      if (norm_topk) w /= (sum + 1e-20f);
+      idx[static_cast<int64_t>(t) * K + lane] = e;
+      weights[static_cast<int64_t>(t) * K + lane] = w * scaling;
+    }
+  }
+}
+
 // h [rows, n] from g, u rows of stride ld.
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t rows, int64_t n, int64_t ld, float limit,
                               float* h, uint16_t* hb, bool f16) {
@@ -200,11 +282,10 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
            const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights, cudaStream_t stream) {
   if (K > kMaxTopK) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: num_experts_per_tok > 16");
   if (T <= 0) return;
-  if (E <= 32 * kRouteSlots) {
-    cuda::check(cuda::launch(route_kernel<kRouteSlots>, dim3((T + kRouteWarps - 1) / kRouteWarps),
-                             dim3(32 * kRouteWarps), 0, stream, logits, T, E, K, score_func, bias, tid2eid, tokens,
-                             norm_topk, scaling, idx, weights),
-                "route_kernel launch");
+  if (E <= kRankMaxExperts) {
+    cuda::check(cuda::launch(route_rank_kernel, dim3(T), dim3(kRankThreads), 0, stream, logits, E, K, score_func,
+                             bias, tid2eid, tokens, norm_topk, scaling, idx, weights),
+                "route_rank_kernel launch");
   } else {  // one warp per block, its scores and keys in shared memory
     const size_t smem = 2 * sizeof(float) * 32 * ((static_cast<size_t>(E) + 31) / 32);
     if (smem > 48 * 1024) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: more than 6144 experts");
