@@ -202,7 +202,7 @@ bool same_float(float a, float b) {
 }
 
 struct Stats {
-  int cases = 0, rows = 0, redrawn = 0, cpu_rows = 0;
+  int cases = 0, rows = 0, redrawn = 0, cpu_rows = 0, warp_rows = 0;
   double worst_ulp = 0.0;  // largest |gpu - ref| / (kUlp |ref|) seen
 };
 
@@ -305,6 +305,28 @@ void run_case(int E, int K, int T, int f, bool norm, bool hash, int bias_mode, u
   ck(cudaMemcpy(gi.data(), di.p, sizeof(int32_t) * gi.size(), cudaMemcpyDeviceToHost), "idx download");
   ck(cudaMemcpy(gw.data(), dw.p, sizeof(float) * gw.size(), cudaMemcpyDeviceToHost), "weights download");
 
+  // The warp-per-token kernel (glue::set_route_warp_kernel) on the same inputs: bit for bit the same picks and
+  // weights as the rank kernel (the production one up to 1024 experts).
+  if (E <= 256) {
+    ck(cudaMemcpy(di.p, pidx.data(), sizeof(int32_t) * pidx.size(), cudaMemcpyHostToDevice), "poison idx");
+    ck(cudaMemcpy(dw.p, pw.data(), sizeof(float) * pw.size(), cudaMemcpyHostToDevice), "poison weights");
+    glue::set_route_warp_kernel(true);
+    glue::route(dl.as<float>(), T, E, K, f, hash ? nullptr : db.as<float>(), hash ? dh.as<int32_t>() : nullptr,
+                dt.as<int32_t>(), norm, scaling, di.as<int32_t>(), dw.as<float>(), nullptr);
+    glue::set_route_warp_kernel(false);
+    ck(cudaDeviceSynchronize(), "glue::route (warp kernel)");
+    std::vector<int32_t> wi(gi.size());
+    std::vector<float> ww(gi.size());
+    ck(cudaMemcpy(wi.data(), di.p, sizeof(int32_t) * wi.size(), cudaMemcpyDeviceToHost), "idx download");
+    ck(cudaMemcpy(ww.data(), dw.p, sizeof(float) * ww.size(), cudaMemcpyDeviceToHost), "weights download");
+    for (size_t i = 0; i < gi.size(); ++i) {
+      ASSERT_EQ(wi[i], gi[i]) << "warp vs rank kernel, row " << i / K << " slot " << i % K;
+      ASSERT_EQ(0, std::memcmp(&ww[i], &gw[i], sizeof(float))) << "warp vs rank kernel, row " << i / K << " slot "
+                                                                << i % K << ": " << ww[i] << " vs " << gw[i];
+    }
+    st.warp_rows += T;
+  }
+
   for (int t = 0; t < T; ++t) {
     const RefRow& r = ref[t];
     for (int k = 0; k < K; ++k) {
@@ -340,8 +362,9 @@ TEST(GlueRoute, MatchesCpuRouter) {
               ++salt;
               if (HasFatalFailure()) return;
             }
-  std::printf("glue::route: %d cases, %d rows (%d also through cpu::moe_route), %d ill-conditioned rows redrawn, "
-              "worst weight error %.2f ulp\n", st.cases, st.rows, st.cpu_rows, st.redrawn, st.worst_ulp);
+  std::printf("glue::route: %d cases, %d rows (%d also through cpu::moe_route, %d bitwise against the warp "
+              "kernel), %d ill-conditioned rows redrawn, worst weight error %.2f ulp\n", st.cases, st.rows,
+              st.cpu_rows, st.warp_rows, st.redrawn, st.worst_ulp);
 }
 
 // The largest accepted expert count (one warp's scores and keys fill 48 KiB of shared memory), and the error

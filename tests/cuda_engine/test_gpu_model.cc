@@ -104,7 +104,9 @@ class GpuEngine : public ::testing::Test {
 
   static void SetUpTestSuite() {
     if (!have_gpu()) return;
-    const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const char* env = std::getenv("DSV4_TEST_SEED");  // set: repeat that run's models and prompts
+    const uint64_t seed = env ? std::strtoull(env, nullptr, 10)
+                              : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::printf("DSV4_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
     for (int sel = 0; sel < 2; ++sel) {
       dir_[sel] = (std::filesystem::temp_directory_path() /

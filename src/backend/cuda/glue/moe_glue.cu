@@ -1,6 +1,5 @@
 // Router (score function, biased top-k or hash table, normalized weights), SwiGLU, argmax.
 #include <cmath>
-#include <cstdlib>
 
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
@@ -19,7 +18,7 @@ __device__ __forceinline__ float score_of(int f, float l) {
 }
 
 // Above kRankMaxExperts experts (route_rank_kernel below serves the rest; the register variant NJ > 0 only on
-// request, DSV4_ROUTE_WARP=1: one warp's dependent chain cost ~10 us per token at decode).
+// request, set_route_warp_kernel, for the bitwise test: one warp's dependent chain cost ~10 us per token).
 // One warp per token (kRouteWarps tokens per block), no block barriers: lane i holds experts i + 32 j (j < NJ)
 // in registers, or in this warp's rows of shared memory when E > 32 * kRouteSlots (NJ == 0). The experts are
 // picked in cpu::moe_route's order (biased score descending, lowest index among equal values; NaN never
@@ -279,17 +278,16 @@ __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
 }
 }  // namespace
 
+namespace {
+bool g_route_warp_kernel = false;
+}  // namespace
+void set_route_warp_kernel(bool on) { g_route_warp_kernel = on; }
+
 void route(const float* logits, int T, int E, int K, int score_func, const float* bias, const int32_t* tid2eid,
            const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights, cudaStream_t stream) {
   if (K > kMaxTopK) dsv4::cuda::check(cudaErrorInvalidValue, "glue::route: num_experts_per_tok > 16");
   if (T <= 0) return;
-  // DSV4_ROUTE_WARP=1 (diagnostics): the warp-per-token kernel for E <= 256 instead of the rank kernel; both
-  // pick and weigh identically (same scores, same total order, same summation order).
-  static const bool warp_kernel = [] {
-    const char* v = std::getenv("DSV4_ROUTE_WARP");
-    return v && *v == '1';
-  }();
-  if (warp_kernel && E <= 32 * kRouteSlots) {
+  if (g_route_warp_kernel && E <= 32 * kRouteSlots) {
     cuda::check(cuda::launch(route_kernel<kRouteSlots>, dim3((T + kRouteWarps - 1) / kRouteWarps),
                              dim3(32 * kRouteWarps), 0, stream, logits, T, E, K, score_func, bias, tid2eid, tokens,
                              norm_topk, scaling, idx, weights),
