@@ -223,11 +223,10 @@ void GpuModel::Impl::attention(int li, int T) {
 
   // The window row of each token, encoded into its ring slot (the query reads it back from there).
   if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
-  glue::rmsnorm_rows(kv_in, kv_ld, L.kv_norm, T, hd, eps, s.kv, hd, stream);
-  glue::heads_norm_rope(s.kv, T, 1, static_cast<int>(hd), pos, freq, n_freq, false, eps, false, stream);
-  glue::kv_encode(s.kv, T, static_cast<int>(hd), st->fmt_code, c->rope_head_dim, 64, P.kv,
-                  static_cast<int64_t>(st->row_bytes), meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)),
-                  stream);
+  // kv_norm, RoPE and the encode into the ring slot: one launch (glue::rmsnorm_rope_encode).
+  glue::rmsnorm_rope_encode(kv_in, kv_ld, L.kv_norm, T, static_cast<int>(hd), eps, s.kv, pos, freq, n_freq,
+                            st->fmt_code, c->rope_head_dim, 64, P.kv, static_cast<int64_t>(st->row_bytes),
+                            meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)), stream);
   mark(li, "kv");
 
   if (r && !par_comp) compress_main();

@@ -60,6 +60,14 @@ void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, co
 void kv_encode(const float* x, int T, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                int64_t row_bytes, const int64_t* row_index, cudaStream_t stream);
 
+// The window KV row of each token in one launch: y = rmsnorm_rows(x, w) (y [T, dim], row stride dim), then
+// heads_norm_rope(y, 1 head, no norm) at pos[t], then kv_encode(y) into row row_index[t] of pool; the same
+// arithmetic as those three calls (which it makes itself when dim or the alignment does not suit the kernel).
+void rmsnorm_rope_encode(const float* x, int64_t ldx, const float* w, int T, int dim, float eps, float* y,
+                         const int64_t* pos, const float* inv_freq, int n_freq, int fmt, int rope_dim,
+                         int scale_block, uint8_t* pool, int64_t row_bytes, const int64_t* row_index,
+                         cudaStream_t stream);
+
 // cpu::indexer_scores against keys stored as f32 (fmt 0), bf16 (1) or fp8 (2, KvCodec(kFP8, d, 0, d)).
 // Query t reads keys rows key_base[t] + j of `pool`, j < n_visible[t]; scores[t, j] for j < n_cols, -inf
 // past n_visible. q [T, H, d], w [T, H] (already scaled).

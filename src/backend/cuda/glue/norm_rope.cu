@@ -22,6 +22,54 @@ __global__ void embed_kernel(const uint16_t* __restrict__ embed, const int32_t* 
   }
 }
 
+// cpu::rope on the last 2 * n_freq dims of v at position p (inverse: the conjugate rotation); the whole block
+// takes part, each pair by one thread.
+__device__ __forceinline__ void rope_row(float* v, int dim, int64_t p, const float* inv_freq, int n_freq, bool inverse) {
+  float* rr = v + (dim - 2 * n_freq);
+  for (int i = threadIdx.x; i < n_freq; i += blockDim.x) {
+    const float angle = static_cast<float>(p) * inv_freq[i];
+    const float c = cosf(angle);
+    const float s = inverse ? -sinf(angle) : sinf(angle);
+    const float a = rr[2 * i], b = rr[2 * i + 1];
+    rr[2 * i] = a * c - b * s;
+    rr[2 * i + 1] = b * c + a * s;
+  }
+}
+
+// KvCodec::encode of one row xr [dim] into out (a pool row); the whole block takes part.
+__device__ __forceinline__ void encode_row(const float* xr, int dim, int fmt, int rope_dim, int scale_block, uint8_t* out) {
+  if (fmt == 0) {
+    float* o = reinterpret_cast<float*>(out);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i];
+    return;
+  }
+  if (fmt == 1) {
+    __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(out);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __float2bfloat16_rn(xr[i]);
+    return;
+  }
+  const int nope = dim - rope_dim, nb = nope / scale_block;
+  uint8_t* scales = out + nope + 2 * rope_dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  for (int b = warp; b < nb; b += nw) {
+    float amax = 1e-4f;
+    for (int i = lane; i < scale_block; i += 32) amax = fmaxf(amax, fabsf(xr[b * scale_block + i]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int e = static_cast<int>(ceilf(log2f(amax / 448.0f)));  // same expression as KvCodec::encode
+    const float sc = ldexpf(1.0f, e);
+    if (lane == 0) scales[b] = static_cast<uint8_t>(e + 127);
+    for (int i = lane; i < scale_block; i += 32) {
+      const int k = b * scale_block + i;
+      out[k] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(xr[k] / sc, __NV_SATFINITE, __NV_E4M3));
+    }
+  }
+  __nv_bfloat16* ro = reinterpret_cast<__nv_bfloat16*>(out + nope);
+  for (int i = threadIdx.x; i < rope_dim; i += blockDim.x) ro[i] = __float2bfloat16_rn(xr[nope + i]);
+  const int used = nope + 2 * rope_dim + nb;
+  const int padded = (used + 7) / 8 * 8;
+  for (int i = used + threadIdx.x; i < padded; i += blockDim.x) out[i] = 0;
+}
+
 // Rows longer than a single-pass block holds: reads x twice.
 __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* w, int64_t n, float eps, float* y,
                                int64_t ldy, uint16_t* yb, bool f16) {
@@ -45,10 +93,21 @@ constexpr int kNormThreads = 256;
 constexpr int kNormPer = 32;  // elements per thread
 constexpr int64_t kNormMax = int64_t{kNormThreads} * kNormPer;  // 8192
 
+// The window KV row's tail after its RMSNorm (rmsnorm_rope_encode): RoPE at the token's position, then
+// KvCodec::encode into the token's pool row, by the same block (the three kernels' arithmetic, one launch).
+struct KvTail {
+  const int64_t* pos = nullptr;  // nullptr: no tail
+  const float* inv_freq = nullptr;
+  int n_freq = 0, fmt = 0, rope_dim = 0, scale_block = 0;
+  uint8_t* pool = nullptr;
+  int64_t row_bytes = 0;
+  const int64_t* row_index = nullptr;
+};
+
 template <int V>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_1pass_kernel(const float* x, int64_t ldx, const float* w,
                                                                      int n, float eps, float* y, int64_t ldy,
-                                                                     uint16_t* yb, bool f16) {
+                                                                     uint16_t* yb, bool f16, KvTail tail) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ double part[kNormThreads / 32];
   const float* xr = x + blockIdx.x * ldx;
@@ -94,6 +153,11 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_1pass_kernel(const float
       for (int e = 0; e < V; ++e) yb[blockIdx.x * ldy + i + e] = act16_bits_rn(v[V * u + e], f16);
     }
   }
+  if (!tail.pos) return;
+  __syncthreads();  // the row's global writes are visible to the whole block after the barrier
+  rope_row(yr, n, tail.pos[blockIdx.x], tail.inv_freq, tail.n_freq, false);
+  __syncthreads();
+  encode_row(yr, n, tail.fmt, tail.rope_dim, tail.scale_block, tail.pool + tail.row_index[blockIdx.x] * tail.row_bytes);
 }
 
 // One block per (token, head).
@@ -108,15 +172,7 @@ __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64
     for (int i = threadIdx.x; i < dim; i += blockDim.x) v[i] = v[i] * r;
     __syncthreads();
   }
-  float* rr = v + (dim - 2 * n_freq);
-  for (int i = threadIdx.x; i < n_freq; i += blockDim.x) {
-    const float angle = static_cast<float>(p) * inv_freq[i];
-    const float c = cosf(angle);
-    const float s = inverse ? -sinf(angle) : sinf(angle);
-    const float a = rr[2 * i], b = rr[2 * i + 1];
-    rr[2 * i] = a * c - b * s;
-    rr[2 * i + 1] = b * c + a * s;
-  }
+  rope_row(v, dim, p, inv_freq, n_freq, inverse);
   if (xb) {  // the bf16 copy of the whole head, after its rotation is visible to the block
     __syncthreads();
     uint16_t* o = xb + static_cast<int64_t>(blockIdx.x) * dim;
@@ -128,38 +184,8 @@ __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64
 __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                                  int64_t row_bytes, const int64_t* row_index) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
-  uint8_t* out = pool + row_index[blockIdx.x] * row_bytes;
-  if (fmt == 0) {
-    float* o = reinterpret_cast<float*>(out);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i];
-    return;
-  }
-  if (fmt == 1) {
-    __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(out);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __float2bfloat16_rn(xr[i]);
-    return;
-  }
-  const int nope = dim - rope_dim, nb = nope / scale_block;
-  uint8_t* scales = out + nope + 2 * rope_dim;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  for (int b = warp; b < nb; b += nw) {
-    float amax = 1e-4f;
-    for (int i = lane; i < scale_block; i += 32) amax = fmaxf(amax, fabsf(xr[b * scale_block + i]));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int e = static_cast<int>(ceilf(log2f(amax / 448.0f)));  // same expression as KvCodec::encode
-    const float sc = ldexpf(1.0f, e);
-    if (lane == 0) scales[b] = static_cast<uint8_t>(e + 127);
-    for (int i = lane; i < scale_block; i += 32) {
-      const int k = b * scale_block + i;
-      out[k] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(xr[k] / sc, __NV_SATFINITE, __NV_E4M3));
-    }
-  }
-  __nv_bfloat16* ro = reinterpret_cast<__nv_bfloat16*>(out + nope);
-  for (int i = threadIdx.x; i < rope_dim; i += blockDim.x) ro[i] = __float2bfloat16_rn(xr[nope + i]);
-  const int used = nope + 2 * rope_dim + nb;
-  const int padded = (used + 7) / 8 * 8;
-  for (int i = used + threadIdx.x; i < padded; i += blockDim.x) out[i] = 0;
+  encode_row(x + static_cast<int64_t>(blockIdx.x) * dim, dim, fmt, rope_dim, scale_block,
+             pool + row_index[blockIdx.x] * row_bytes);
 }
 
 }  // namespace
@@ -179,11 +205,11 @@ void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t
   const int ni = static_cast<int>(n);
   if (n <= kNormMax && vec)
     cuda::check(cuda::launch(rmsnorm_1pass_kernel<4>, dim3(rows), dim3(kNormThreads), 0, stream, x, ldx, w, ni, eps,
-                             y, ldy, yb, f16),
+                             y, ldy, yb, f16, KvTail{}),
                 "rmsnorm_1pass_kernel<4> launch");
   else if (n <= kNormMax)
     cuda::check(cuda::launch(rmsnorm_1pass_kernel<1>, dim3(rows), dim3(kNormThreads), 0, stream, x, ldx, w, ni, eps,
-                             y, ldy, yb, f16),
+                             y, ldy, yb, f16, KvTail{}),
                 "rmsnorm_1pass_kernel<1> launch");
   else
     cuda::check(cuda::launch(rmsnorm_kernel, dim3(rows), dim3(256), 0, stream, x, ldx, w, n, eps, y, ldy, yb, f16),
@@ -205,6 +231,25 @@ void kv_encode(const float* x, int T, int dim, int fmt, int rope_dim, int scale_
   if (T <= 0) return;
   cuda::check(cuda::launch(kv_encode_kernel, dim3(T), dim3(256), 0, stream, x, dim, fmt, rope_dim, scale_block, pool, row_bytes, row_index), "kv_encode_kernel launch");
   check_launch("glue::kv_encode");
+}
+
+void rmsnorm_rope_encode(const float* x, int64_t ldx, const float* w, int T, int dim, float eps, float* y,
+                         const int64_t* pos, const float* inv_freq, int n_freq, int fmt, int rope_dim,
+                         int scale_block, uint8_t* pool, int64_t row_bytes, const int64_t* row_index,
+                         cudaStream_t stream) {
+  if (T <= 0) return;
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (dim > kNormMax || dim % 4 || ldx % 4 || !a16(x) || !a16(y) || (w && !a16(w))) {  // the three launches
+    rmsnorm_rows(x, ldx, w, T, dim, eps, y, dim, stream);
+    heads_norm_rope(y, T, 1, dim, pos, inv_freq, n_freq, false, eps, false, stream);
+    kv_encode(y, T, dim, fmt, rope_dim, scale_block, pool, row_bytes, row_index, stream);
+    return;
+  }
+  const KvTail tail{pos, inv_freq, n_freq, fmt, rope_dim, scale_block, pool, row_bytes, row_index};
+  cuda::check(cuda::launch(rmsnorm_1pass_kernel<4>, dim3(T), dim3(kNormThreads), 0, stream, x, ldx, w, dim, eps, y,
+                           static_cast<int64_t>(dim), static_cast<uint16_t*>(nullptr), false, tail),
+              "rmsnorm_1pass_kernel<4> (kv tail) launch");
+  check_launch("glue::rmsnorm_rope_encode");
 }
 
 }  // namespace dsv4::glue
