@@ -2,7 +2,7 @@
 # Batch-1 decode detail, after scripts/gpu/bench_flash.sh has written the checkpoint and built the bench:
 #   1. the same decode with programmatic dependent launch off (--no-pdl), to compare with bench_flash's run,
 #      (NO_OVERLAP_AB=1) on one stream, and (MOE_KS_SWEEP="2 4 8") with the MoE decode kernels' K splits
-#      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations;
+#      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations, (MOE_WARPS_AB=1) with 8-warp MoE blocks;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
 #      steps (scripts/gpu/ncu_summary.py);
@@ -27,6 +27,11 @@ fi
 if [ -n "${BF16_ACT_AB:-}" ]; then
   echo "== batch-1 decode with bf16 activations in the FP8 GEMVs (--bf16-act)"
   $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --bf16-act "$@" 2> "$R/bf16-act.err" |
+    grep -E "^\| 1 |batch-1 decode"
+fi
+if [ -n "${MOE_WARPS_AB:-}" ]; then
+  echo "== batch-1 decode with 8-warp MoE blocks (--moe-warps 8)"
+  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --moe-warps 8 "$@" 2> "$R/moe-warps8.err" |
     grep -E "^\| 1 |batch-1 decode"
 fi
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).

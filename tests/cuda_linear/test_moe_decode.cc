@@ -162,6 +162,22 @@ TEST(CudaMoeDecode, F16ScaleRange) {
   }
 }
 
+// The 8-warp block layout of the v2 kernels (set_moe_block_warps(8); the default is 4 warps per block).
+TEST(CudaMoeDecode, EightWarpBlocks) {
+  DSV4_REQUIRE_GPU();
+  cudalin::set_moe_block_warps(8);
+  for (int T : {1, 17, 64}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 800 + T);
+  run_case(small_shape(), 9, Route::kLoads01All, 1.f, false, 810, true);
+  cudalin::MoeShape s = small_shape();
+  s.hidden = 1152, s.inter = 384;
+  for (int ks : {1, 8}) {
+    cudalin::set_moe_ksplit(ks);
+    run_case(s, 9, Route::kLoads01All, 1.f, false, 820 + ks);
+  }
+  cudalin::set_moe_ksplit(0);
+  cudalin::set_moe_block_warps(4);
+}
+
 TEST(CudaMoeDecode, Version1) {
   DSV4_REQUIRE_GPU();
   cudalin::set_linear_kernel_version(1);

@@ -27,6 +27,12 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int smem, cudaStream_t s, A
   check_cuda(cuda::launch(kernel, grid, dim3(256), static_cast<size_t>(smem), s, std::forward<Args>(args)...),
              "kernel launch");
 }
+// The same with `threads` per block.
+template <typename... KArgs, typename... Args>
+void launch_pdl_threads(void (*kernel)(KArgs...), dim3 grid, int threads, int smem, cudaStream_t s, Args&&... args) {
+  check_cuda(cuda::launch(kernel, grid, dim3(threads), static_cast<size_t>(smem), s, std::forward<Args>(args)...),
+             "kernel launch");
+}
 #endif
 
 }  // namespace dsv4::cudalin

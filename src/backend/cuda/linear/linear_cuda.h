@@ -111,6 +111,8 @@ void moe_workspace_destroy(MoeWorkspace& ws);
 // converted to f16 (exact only for UE8M0 scales in [104, 136]: the caller checks with moe_scales_fit_f16).
 // v2 knob: force the K splits per 16-row tile of w1/w3 and w2 (1, 2, 4, 8); 0 = heuristic.
 void set_moe_ksplit(int ks);
+// v2 knob: warps per block of the MoE decode kernels, 4 (default) or 8 (the first v2 layout).
+void set_moe_block_warps(int warps);
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,

@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 int g_force_moe_ks = 0;
+int g_moe_warps = 4;  // set_moe_block_warps
 
 // meta layout (ints): [0] n_active | [1, 1+E) active expert ids | [1+E, 2+2E) offsets into the pair lists |
 // [2+2E, 2+2E+P) token of each grouped pair | [2+2E+P, 2+2E+2P) pair id t*top_k+k of each grouped pair.
@@ -182,7 +183,7 @@ __global__ void combine_kernel(const float* ybuf, const int32_t* idx, int T, int
 // Every block finds its expert itself (no grouping kernel): the a-th smallest expert id present in idx
 // (blockIdx.y = a), its (token, slot) pairs in pair order, and the number of valid pairs of smaller experts
 // (the offset of its rows in h). w13 and w2 stream through the per-warp cp.async ring (stream.cuh); a block
-// is 8 warps = (8 / ksb) row tiles x ksb K splits, ksb chosen so the grid fits one wave. w2 also combines:
+// is MW warps = (MW / ksb) row tiles x ksb K splits, ksb chosen so the grid fits one wave. w2 also combines:
 // after writing its fp32 rows per pair into ybuf, a block counts arrivals per (token, row block); the block
 // completing a token adds its top_k rows in slot order (fixed order: deterministic) into out.
 constexpr int kMaxPairs = 1024;
@@ -241,8 +242,13 @@ __device__ Slot find_slot(const int32_t* idx, int P, int E, int slot, int* s_pid
 }
 
 constexpr int kMoeStages = 4;
-template <int NMAT>
-constexpr int moe2_smem() { return 8 * dev::ring_bytes_per_warp<true, NMAT, kMoeStages>(); }
+// MW warps per block: 4 by default (set_moe_block_warps). At one token the w1/w3 grid is 6 experts x 128 row
+// tiles; in blocks of 8 warps that is 192 blocks for 264 slots (60 SMs run two, 72 one, and the kernels are
+// issue-bound, so the two-block SMs set the time); blocks of 4 warps spread the same warps as 2-3 blocks on
+// every SM.
+template <int NMAT, int MW>
+constexpr int moe2_smem() { return MW * dev::ring_bytes_per_warp<true, NMAT, kMoeStages>(); }
+constexpr int moe2_min_blocks(int nt, int mw) { return nt <= 2 ? 16 / mw : 8 / mw; }
 
 struct Moe2Args {
   const DevExpert* ex;
@@ -259,10 +265,10 @@ struct Moe2Args {
   int ksb;
 };
 
-template <int NT, bool H16>
-__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a) {
+template <int NT, bool H16, int MW>
+__global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w13_v2_kernel(Moe2Args a) {
   extern __shared__ uint4 ring[];
-  __shared__ float red[2][8][128];
+  __shared__ float red[2][MW][128];
   __shared__ int s_pid[kMaxPairs];
   __shared__ unsigned s_bits[32];
   __shared__ int s_info[3];
@@ -271,7 +277,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w13_v2_kernel(Moe2Args a
   const Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
   if (sl.e < 0) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int ksb = a.ksb, tpb = 8 / ksb, tiles = a.inter / 16, C = a.hidden / 128;
+  const int ksb = a.ksb, tpb = MW / ksb, tiles = a.inter / 16, C = a.hidden / 128;
   const int tile = blockIdx.x * tpb + warp / ksb, ks = warp % ksb;
   const int cb = ks * C / ksb, ce = (ks + 1) * C / ksb;
   const DevExpert ex = a.ex[sl.e];
@@ -339,16 +345,16 @@ __device__ __forceinline__ void combine_rows(const Moe2Args& a, int t, int r0, i
   }
 }
 
-template <int NT, bool H16>
-__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a) {
+template <int NT, bool H16, int MW>
+__global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w2_v2_kernel(Moe2Args a) {
   extern __shared__ uint4 ring[];
-  __shared__ float red[8][128];
+  __shared__ float red[MW][128];
   __shared__ int s_pid[kMaxPairs];
   __shared__ unsigned char s_last[kMaxPairs];
   __shared__ unsigned s_bits[32];
   __shared__ int s_info[3];
   __shared__ int s_zero[64];
-  const int ksb = a.ksb, tpb = 8 / ksb, tiles = a.hidden / 16, C = a.inter / 128;
+  const int ksb = a.ksb, tpb = MW / ksb, tiles = a.hidden / 16, C = a.inter / 128;
   const int r0 = blockIdx.x * tpb * 16, nrows = min(tpb * 16, a.hidden - r0);
   // PDL: idx was written before w13 started (w13 triggers after its wait), so it may be read before
   // pdl_wait(); h, ybuf and out only after it.
@@ -416,42 +422,44 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) w2_v2_kernel(Moe2Args a)
   }
 }
 
-template <int NT, bool H16>
+template <int NT, bool H16, int MW>
 struct Moe2 {
   static int occ13() {
-    static const int n = occupancy(w13_v2_kernel<NT, H16>, moe2_smem<2>());
+    static const int n = occupancy(w13_v2_kernel<NT, H16, MW>, moe2_smem<2, MW>());
     return n;
   }
   static int occ2() {
-    static const int n = occupancy(w2_v2_kernel<NT, H16>, moe2_smem<1>());
+    static const int n = occupancy(w2_v2_kernel<NT, H16, MW>, moe2_smem<1, MW>());
     return n;
   }
   template <typename K>
   static int occupancy(K* kernel, int smem) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
     int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, smem), "occupancy");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, MW * 32, smem), "occupancy");
     return std::max(n, 1);
   }
   static void run(Moe2Args a, int max_active, cudaStream_t s) {
     const int sms = device_info().sm_count;
-    // K splits per tile: the most (<= 8, <= chunks) whose grid still fits one wave of resident blocks.
+    // K splits per tile: the most (<= MW, <= chunks) whose grid still fits one wave of resident blocks.
     auto pick = [&](int tiles, int C, int cap) {
       int ks = 1;
-      while (ks * 2 <= 8 && ks * 2 <= C && int64_t((tiles + 8 / (ks * 2) - 1) / (8 / (ks * 2))) * max_active <= cap)
+      while (ks * 2 <= MW && ks * 2 <= C && int64_t((tiles + MW / (ks * 2) - 1) / (MW / (ks * 2))) * max_active <= cap)
         ks *= 2;
       if (g_force_moe_ks > 0) {
         ks = 1;
-        while (ks * 2 <= std::min({g_force_moe_ks, C, 8})) ks *= 2;
+        while (ks * 2 <= std::min({g_force_moe_ks, C, MW})) ks *= 2;
       }
       return ks;
     };
     a.ksb = pick(a.inter / 16, a.hidden / 128, sms * occ13());
-    const int tpb13 = 8 / a.ksb;
-    launch_pdl(w13_v2_kernel<NT, H16>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), moe2_smem<2>(), s, a);
+    const int tpb13 = MW / a.ksb;
+    launch_pdl_threads(w13_v2_kernel<NT, H16, MW>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), MW * 32,
+                       moe2_smem<2, MW>(), s, a);
     a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2());
-    const int tpb2 = 8 / a.ksb;
-    launch_pdl(w2_v2_kernel<NT, H16>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), moe2_smem<1>(), s, a);
+    const int tpb2 = MW / a.ksb;
+    launch_pdl_threads(w2_v2_kernel<NT, H16, MW>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), MW * 32,
+                       moe2_smem<1, MW>(), s, a);
   }
 };
 
@@ -471,6 +479,21 @@ void launch_experts(int cpw13, int cpw2, dim3 g13, dim3 g2, const MoeArgs& a, cu
   check_cuda(cudaGetLastError(), "moe w2 launch");
 }
 
+template <int MW>
+void run_v2(const Moe2Args& a, int T, bool h16, int max_active, cudaStream_t stream) {
+  if (h16) {
+    if (T <= 8) Moe2<1, true, MW>::run(a, max_active, stream);
+    else if (T <= 16) Moe2<2, true, MW>::run(a, max_active, stream);
+    else if (T <= 32) Moe2<4, true, MW>::run(a, max_active, stream);
+    else Moe2<8, true, MW>::run(a, max_active, stream);
+  } else {
+    if (T <= 8) Moe2<1, false, MW>::run(a, max_active, stream);
+    else if (T <= 16) Moe2<2, false, MW>::run(a, max_active, stream);
+    else if (T <= 32) Moe2<4, false, MW>::run(a, max_active, stream);
+    else Moe2<8, false, MW>::run(a, max_active, stream);
+  }
+}
+
 int chunks_per_warp(int K, const char* what, const MoeShape& s) {
   // 8 warps split K; each holds at most 4 chunks of 128 in flight.
   const int C = K / 128, cpw = (C + 7) / 8;
@@ -483,6 +506,7 @@ int chunks_per_warp(int K, const char* what, const MoeShape& s) {
 }  // namespace
 
 void set_moe_ksplit(int ks) { g_force_moe_ks = ks; }
+void set_moe_block_warps(int warps) { g_moe_warps = warps == 8 ? 8 : 4; }
 
 MoeWorkspace moe_workspace_create(const MoeShape& s, int max_tokens) {
   MoeWorkspace ws;
@@ -523,17 +547,8 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
     Moe2Args a{experts, idx, s.hidden, s.inter, s.n_experts, s.top_k, P, T, s.swiglu_limit, x, weights,
                ws.h, ws.ybuf, out,
                ws.meta + 2 + 2 * size_t(s.n_experts) + 2 * size_t(ws.max_tokens) * s.top_k, accumulate, 1};
-    if (h16) {
-      if (T <= 8) Moe2<1, true>::run(a, max_active, stream);
-      else if (T <= 16) Moe2<2, true>::run(a, max_active, stream);
-      else if (T <= 32) Moe2<4, true>::run(a, max_active, stream);
-      else Moe2<8, true>::run(a, max_active, stream);
-    } else {
-      if (T <= 8) Moe2<1, false>::run(a, max_active, stream);
-      else if (T <= 16) Moe2<2, false>::run(a, max_active, stream);
-      else if (T <= 32) Moe2<4, false>::run(a, max_active, stream);
-      else Moe2<8, false>::run(a, max_active, stream);
-    }
+    if (g_moe_warps == 8) run_v2<8>(a, T, h16, max_active, stream);
+    else run_v2<4>(a, T, h16, max_active, stream);
     return;
   }
   Meta m{ws.meta, s.n_experts, P};
