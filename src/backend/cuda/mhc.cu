@@ -248,7 +248,6 @@ template <int M>
 __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int ks_count) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float mix[M + 1];
-  __shared__ float pre[kN];
   __shared__ double part[kFinX / 32];
   __shared__ float partial[kMaxKs * (M + 1)];
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;

@@ -61,6 +61,7 @@ struct Scratch {
   float *h, *res, *x, *y, *post, *comb, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
   uint16_t* xb;             // 16-bit activations of the linear at hand (bf16, or f16: GpuOptions::f16_activations)
+  uint16_t *xb_side, *xb_side2;  // the same for work on the side streams (OnSide swaps them in as xb)
   uint16_t *xbx, *xbq;      // 16-bit copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
   uint16_t* xhx;            // f16 copy of the FFN's x [cap, hidden] (xbx stays bf16 for the MoE prefill)
   int32_t *idx, *sel, *slots;
@@ -122,20 +123,24 @@ struct GpuModel::Impl {
   bool overlap(int T) const { return opt.overlap_branches && T <= 64 && !opt.profile_layers; }
   // `to` waits for everything issued so far on `from` (an event record + wait; a graph edge when captured).
   void hand_over(cudaStream_t from, cudaStream_t to, cudaEvent_t e);
-  // While alive, the launch helpers (lin, matmul, glue calls through `stream`) issue onto `side` with its
-  // own GEMV workspace.
+  // While alive, the launch helpers (lin, matmul, glue calls through `stream`) issue onto `side` (or the
+  // given stream) with its own GEMV workspace and its own 16-bit cast buffer (s.xb).
   struct OnSide {
     Impl& im;
     cudaStream_t saved_stream;
     cudalin::Workspace saved_ws;
-    explicit OnSide(Impl& i) : OnSide(i, i.side, i.ws_side) {}
-    OnSide(Impl& i, cudaStream_t s, cudalin::Workspace w) : im(i), saved_stream(i.stream), saved_ws(i.ws) {
+    uint16_t* saved_xb;
+    explicit OnSide(Impl& i) : OnSide(i, i.side, i.ws_side, i.s.xb_side) {}
+    OnSide(Impl& i, cudaStream_t s, cudalin::Workspace w, uint16_t* xb)
+        : im(i), saved_stream(i.stream), saved_ws(i.ws), saved_xb(i.s.xb) {
       im.stream = s;
       im.ws = w;
+      im.s.xb = xb;  // casts on this stream never touch the main stream's buffer
     }
     ~OnSide() {
       im.stream = saved_stream;
       im.ws = saved_ws;
+      im.s.xb = saved_xb;
     }
   };
   // Records the end of the operation `name` (profile_layers only; every call site is a host-side constant).

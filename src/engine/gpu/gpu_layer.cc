@@ -22,8 +22,9 @@ bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
 }
 
 bool GpuModel::Impl::h16(const DevLinear& wt, int T) const {
+  // The f16 GEMV exists only in the v2 kernels and has no fallback for unaligned weights.
   return opt.f16_activations && T <= 64 && wt.fmt == WeightFormat::kFP8Block && use_gemv(wt) &&
-         reinterpret_cast<uintptr_t>(wt.d.w) % 16 == 0;  // the f16 GEMV has no fallback for unaligned weights
+         cudalin::linear_kernel_version() == 2 && reinterpret_cast<uintptr_t>(wt.d.w) % 16 == 0;
 }
 
 bool GpuModel::Impl::h16_all(int T, std::initializer_list<const DevLinear*> consumers) const {
@@ -48,7 +49,7 @@ bool GpuModel::Impl::shared_x_h16(int li, int T) const {
 
 bool GpuModel::Impl::moe_h16(int li, int T) const {
   return opt.f16_activations && !opt.exact_linear && !opt.exact_moe && moe_kernel_ok && T <= 64 &&
-         w.layers[li].experts_fit_f16;
+         cudalin::linear_kernel_version() == 2 && w.layers[li].experts_fit_f16;
 }
 
 void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb) {
@@ -190,7 +191,7 @@ void GpuModel::Impl::attention(int li, int T) {
   const bool par_comp = r && overlap(T);
   if (par_comp) {
     hand_over(stream, side2, ev_fork2);
-    OnSide on(*this, side2, cudalin::Workspace{});
+    OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
     compress_main();
   }
 
@@ -264,7 +265,8 @@ void GpuModel::Impl::attention(int li, int T) {
   mark(li, "sparse_attention");
   // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z (o cast to bf16 by the inverse RoPE).
   const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
-  const DevLinear wo_a_group{L.wo_a.fmt, olr, gin, {}, {}};
+  DevLinear wo_a_group{L.wo_a.fmt, olr, gin, {}, {}};
+  wo_a_group.d.w = L.wo_a.d.w;  // h16 checks the real weight's alignment
   const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(wo_a_group);
   const bool o_h16 = grouped_gemv && h16(wo_a_group, T);
   glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream,

@@ -92,6 +92,8 @@ void GpuModel::Impl::alloc_scratch() {
   s.logits = f(T * V);
   const int64_t widest = std::max({D, qlr, H * hd, G * olr, Is, I});
   s.xb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
+  s.xb_side = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
+  s.xb_side2 = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
   s.xbx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
   s.xbq = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * qlr));
   s.xhx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));

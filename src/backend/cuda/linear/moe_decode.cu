@@ -506,7 +506,10 @@ int chunks_per_warp(int K, const char* what, const MoeShape& s) {
 }  // namespace
 
 void set_moe_ksplit(int ks) { g_force_moe_ks = ks; }
-void set_moe_block_warps(int warps) { g_moe_warps = warps == 8 ? 8 : 4; }
+void set_moe_block_warps(int warps) {
+  if (warps != 4 && warps != 8) throw Error(str_cat("cuda moe_decode: ", warps, " warps per block (4 or 8)"));
+  g_moe_warps = warps;
+}
 
 MoeWorkspace moe_workspace_create(const MoeShape& s, int max_tokens) {
   MoeWorkspace ws;
