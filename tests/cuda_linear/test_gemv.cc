@@ -35,12 +35,15 @@ void run_case(Kind kind, int64_t rows, int64_t cols, const std::vector<int>& Ts,
     std::vector<float> xf;
     std::vector<uint16_t> xb;
     random_act(size_t(T) * cols, xf, xb);
-    DevBuf<uint16_t> dx(xb);
+    DevBuf<uint16_t> dx(xb), dy16(size_t(T) * rows);
     DevBuf<float> dy(size_t(T) * rows);
-    dy.poison();
-    cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr, act);
+    dy.poison(), dy16.poison();
+    cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr, act, {dy16.p, act});
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> got = dy.download();
+    const std::vector<uint16_t> got16 = dy16.download();
+    for (size_t i = 0; i < got.size(); ++i)  // the 16-bit copy of y (cudalin::Out16), in the activations' format
+      ASSERT_EQ(got16[i], h16 ? f32_to_f16(got[i]) : f32_to_bf16(got[i])) << "y16[" << i << "]";
     std::vector<double> ref, abs;
     ref_gemm(W, rows, cols, xf, T, ref, abs);
     const ErrStats e = compare(got, ref, abs);

@@ -64,6 +64,7 @@ struct Scratch {
   uint16_t *xb_side, *xb_side2;  // the same for work on the side streams (OnSide swaps them in as xb)
   uint16_t *xbx, *xbq;      // 16-bit copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
   uint16_t* xhx;            // f16 copy of the FFN's x [cap, hidden] (xbx stays bf16 for the MoE prefill)
+  uint16_t* zb;             // 16-bit copy of z [cap, o_groups * o_lora_rank] from the grouped wo_a GEMV, for wo_b
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int64_t score_cols = 0, max_slots = 0;

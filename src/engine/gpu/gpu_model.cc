@@ -97,6 +97,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.xbx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
   s.xbq = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * qlr));
   s.xhx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
+  s.zb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * G * olr));
   s.idx = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * K));
   s.sel = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * std::max(1, c->index_topk)));
   s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);

@@ -37,7 +37,16 @@ struct GemvArgs {
   // Grouped form (gemv_grouped): output rows [g*group_rows, (g+1)*group_rows) read the activations at
   // column offset g*group_x_stride. 0: one group.
   int64_t group_rows = 0, group_x_stride = 0;
+  // Optional 16-bit copy of y (same indexing and stride) for a linear that reads this output next.
+  uint16_t* y16 = nullptr;
+  bool y16_f16 = false;
 };
+
+// y[i] = v, and its 16-bit copy (round to nearest even) when asked for.
+__device__ __forceinline__ void store_y(const GemvArgs& a, int64_t i, float v) {
+  a.y[i] = v;
+  if (a.y16) a.y16[i] = a.y16_f16 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
 
 // The activations of row tile `tile` (16 rows): the group's column block in the grouped form.
 __device__ __forceinline__ const uint16_t* tile_x(const GemvArgs& a, int64_t tile) {
@@ -58,7 +67,7 @@ __device__ __forceinline__ void finish_split_k(const GemvArgs& a, int64_t row0, 
     const int r = i & 15, tok = i >> 4;
     float v = 0.f;
     for (int by = 0; by < a.gy; ++by) v += __ldcg(&a.partial[(int64_t(by) * a.T + tok) * a.N + row0 + r]);
-    a.y[tok * a.ldy + row0 + r] = v;
+    store_y(a, tok * a.ldy + row0 + r, v);
   }
   if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next launch
 }
@@ -97,7 +106,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvArgs a) {
       float v = 0.f;
       for (int w = 0; w < nwarps; ++w) v += red[w][i];
       if (tok < a.T) {
-        if (a.gy == 1) a.y[tok * a.ldy + row0 + r] = v;
+        if (a.gy == 1) store_y(a, tok * a.ldy + row0 + r, v);
         else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + row0 + r] = v;
       }
     }
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
     dev::sum_splits<1>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[1]) {
       const int tok = nt * 8 + col, tt = blockIdx.x * tpb + tl;
       if (tok < a.T && tt < tiles) {
-        if (a.gy == 1) a.y[tok * a.ldy + int64_t(tt) * 16 + r] = v[0];
+        if (a.gy == 1) store_y(a, tok * a.ldy + int64_t(tt) * 16 + r, v[0]);
         else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v[0];
       }
     });
@@ -258,7 +267,7 @@ void workspace_destroy(Workspace& ws) {
 
 namespace {
 void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride, ActFormat act) {
+               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride, ActFormat act, Out16 y16) {
   require_supported_device();
   const bool fp4 = w.fmt == WeightFormat::kFP4, h16 = act == ActFormat::kF16;
   if (!fp4 && w.fmt != WeightFormat::kFP8Block)
@@ -289,7 +298,7 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     }
     const int ksb = std::min(ks, 8), gy = std::max(1, ks / 8), tpb = 8 / ksb;
     GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy,
-               group_rows, group_x_stride};
+               group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
     if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
       throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
     const dim3 grid((tiles + tpb - 1) / tpb, gy);
@@ -308,7 +317,7 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
   if (g_force_cpw == 1 || g_force_cpw == 2 || g_force_cpw == 4) cpw = g_force_cpw;
   const int groups = (C + cpw - 1) / cpw, wb = std::min(8, groups), gy = (groups + wb - 1) / wb;
   GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy,
-             group_rows, group_x_stride};
+             group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
   if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
     throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
   const dim3 grid(tiles, gy);
@@ -319,12 +328,12 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
 }  // namespace
 
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream, ActFormat act) {
-  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0, act);
+          cudaStream_t stream, ActFormat act, Out16 y16) {
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0, act, y16);
 }
 
 void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
-                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream, ActFormat act) {
+                  int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream, ActFormat act, Out16 y16) {
   if (group_rows <= 0 || group_rows % 16 != 0 || w.rows % group_rows != 0 || group_x_stride < 0 ||
       group_x_stride % 8 != 0)
     throw Error(str_cat("cuda gemv_grouped: groups of ", group_rows, " rows with activation stride ", group_x_stride,
@@ -334,7 +343,7 @@ void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride
   if ((groups - 1) * group_x_stride + w.cols > ldx)
     throw Error(str_cat("cuda gemv_grouped: ", groups, " groups of ", w.cols, " columns at stride ", group_x_stride,
                         " exceed the activation row of ", ldx));
-  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, group_rows, group_x_stride, act);
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, group_rows, group_x_stride, act, y16);
 }
 
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {

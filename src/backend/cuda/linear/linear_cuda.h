@@ -49,20 +49,25 @@ void require_supported_device();
 
 // Element format of the 16-bit activations a GEMV reads.
 enum class ActFormat { kBf16, kF16 };
+// An optional 16-bit copy of a GEMV's output (same row stride), rounded to nearest even, for the next linear.
+struct Out16 {
+  uint16_t* p = nullptr;
+  ActFormat fmt = ActFormat::kBf16;
+};
 
 // Decode-shaped GEMM: y[t, r] = sum_k x[t, k] * W[r, k] for t < T (1..64), every r < w.rows.
 // x: bf16 (or f16, FP8 weights only) [T, w.cols] (row stride ldx elements), y: fp32 (row stride ldy). FP8 or
 // MXFP4 weights; rows a multiple of 16, cols a multiple of 128 (other shapes fail with a message naming the
 // shape).
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream, ActFormat act = ActFormat::kBf16);
+          cudaStream_t stream, ActFormat act = ActFormat::kBf16, Out16 y16 = {});
 
 // Grouped form, one launch for a block-diagonal product such as the grouped output projection wo_a:
 // y[t, r] = sum_k x[t, g*group_x_stride + k] * W[r, k] with g = r / group_rows, for every r < w.rows
 // (group_rows a multiple of 16 dividing w.rows; the groups' column blocks must lie inside ldx).
 void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
                   int T, float* y, int64_t ldy, Workspace& ws, cudaStream_t stream,
-                  ActFormat act = ActFormat::kBf16);
+                  ActFormat act = ActFormat::kBf16, Out16 y16 = {});
 
 // Benchmark knobs. Kernel version: 2 (default) = cp.async-ring streaming kernels, 2-launch MoE with the
 // slot combine fused into w2; 1 = the first kernels (register loads, 4-launch MoE). Process-wide.
