@@ -14,32 +14,21 @@ B=${BENCH_BUILD:-build-flash}
 CK=${FLASH_DIR:-/tmp/dsv4-flash2}
 R=${OUT:-build-flash/out}
 BIN=$B/bench/cuda_engine/bench_gpu_forward
-if [ -z "${SKIP_NO_PDL:-}" ]; then
-  echo "== batch-1 decode without PDL"
-  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --no-pdl "$@" 2> "$R/no-pdl.err" |
+# ab FILE TITLE FLAGS...: the batch-1 decode with FLAGS (and this script's bench flags), stderr in $R/FILE.err.
+ab() {
+  local name=$1 title=$2
+  shift 2
+  echo "== batch-1 decode $title"
+  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 "$@" "${BENCH_FLAGS[@]}" 2> "$R/$name.err" |
     grep -E "^\| 1 |batch-1 decode|extrapolated"
-fi
-if [ -n "${NO_OVERLAP_AB:-}" ]; then
-  echo "== batch-1 decode on one stream (--no-overlap)"
-  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --no-overlap "$@" 2> "$R/no-overlap.err" |
-    grep -E "^\| 1 |batch-1 decode"
-fi
-if [ -n "${BF16_ACT_AB:-}" ]; then
-  echo "== batch-1 decode with bf16 activations in the FP8 GEMVs (--bf16-act)"
-  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --bf16-act "$@" 2> "$R/bf16-act.err" |
-    grep -E "^\| 1 |batch-1 decode"
-fi
-if [ -n "${MOE_WARPS_AB:-}" ]; then
-  echo "== batch-1 decode with 8-warp MoE blocks (--moe-warps 8)"
-  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --moe-warps 8 "$@" 2> "$R/moe-warps8.err" |
-    grep -E "^\| 1 |batch-1 decode"
-fi
+}
+BENCH_FLAGS=("$@")
+[ -z "${SKIP_NO_PDL:-}" ] && ab no-pdl "without PDL" --no-pdl
+[ -n "${NO_OVERLAP_AB:-}" ] && ab no-overlap "on one stream (--no-overlap)" --no-overlap
+[ -n "${BF16_ACT_AB:-}" ] && ab bf16-act "with bf16 activations in the FP8 GEMVs (--bf16-act)" --bf16-act
+[ -n "${MOE_WARPS_AB:-}" ] && ab moe-warps8 "with 8-warp MoE blocks (--moe-warps 8)" --moe-warps 8
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).
-for ks in ${MOE_KS_SWEEP:-}; do
-  echo "== batch-1 decode with --moe-ks $ks"
-  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 --moe-ks "$ks" "$@" 2> "$R/moe-ks$ks.err" |
-    grep -E "^\| 1 |batch-1 decode"
-done
+for ks in ${MOE_KS_SWEEP:-}; do ab "moe-ks$ks" "with --moe-ks $ks" --moe-ks "$ks"; done
 [ -n "${NO_NCU:-}" ] && exit 0
 echo "== per-kernel durations (ncu), 2 layers, batch 1"
 if command -v ncu > /dev/null; then

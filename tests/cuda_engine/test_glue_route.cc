@@ -37,6 +37,7 @@
 #include "backend/cpu/moe.h"
 #include "core/error.h"
 #include "core/numerics.h"
+#include "cuda_engine/dev_buf.h"
 #include "gpu_available.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -48,19 +49,8 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr double kUlp = 0x1p-23;  // relative size of one ulp (upper bound)
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t n) { ck(cudaMalloc(&p, std::max<size_t>(n, 1)), "cudaMalloc"); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
+using testing::ck;
+using testing::DevBuf;
 
 // cpu/moe.cc's score_fn.
 float score_fn(int f, float l) {

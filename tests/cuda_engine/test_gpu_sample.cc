@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "cuda_engine/dev_buf.h"
 #include "gpu_available.h"
 
 namespace dsv4 {
@@ -39,19 +40,8 @@ namespace {
 using glue::SampleRowParams;
 constexpr int kCand = 2048;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t n) { ck(cudaMalloc(&p, std::max<size_t>(n, 1)), "cudaMalloc"); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
+using testing::ck;
+using testing::DevBuf;
 
 // One launch over `rows` rows of d_logits [rows, V]. Outputs poisoned first; checks every row was written.
 void run_gpu(const float* d_logits, int rows, int64_t V, const std::vector<SampleRowParams>& params,

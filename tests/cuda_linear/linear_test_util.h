@@ -110,24 +110,22 @@ inline void bind(HostWeight& h) {
   h.view.scale = h.s.data();
 }
 
-// bf16 activations: normal(0, 1) rounded to bf16; both the float and the bf16 bits are returned.
-inline void random_bf16(std::mt19937_64& rng, size_t n, std::vector<float>& f, std::vector<uint16_t>& b) {
+// 16-bit activations: normal(0, 1) rounded to bf16 or f16 (the GEMV's ActFormat::kF16); both the floats and
+// the 16-bit codes are returned.
+inline void random_act16(std::mt19937_64& rng, size_t n, std::vector<float>& f, std::vector<uint16_t>& b, bool f16) {
   std::normal_distribution<float> nd(0.f, 1.f);
   f.resize(n), b.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    b[i] = f32_to_bf16(nd(rng));
-    f[i] = bf16_to_f32(b[i]);
+    const float v = nd(rng);
+    b[i] = f16 ? f32_to_f16(v) : f32_to_bf16(v);
+    f[i] = f16 ? f16_to_f32(b[i]) : bf16_to_f32(b[i]);
   }
 }
-
-// The same for f16 activations (the GEMV's ActFormat::kF16).
+inline void random_bf16(std::mt19937_64& rng, size_t n, std::vector<float>& f, std::vector<uint16_t>& b) {
+  random_act16(rng, n, f, b, false);
+}
 inline void random_f16(std::mt19937_64& rng, size_t n, std::vector<float>& f, std::vector<uint16_t>& b) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  f.resize(n), b.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    b[i] = f32_to_f16(nd(rng));
-    f[i] = f16_to_f32(b[i]);
-  }
+  random_act16(rng, n, f, b, true);
 }
 
 // Dequantized weight through the CPU reference's own dequant_row.

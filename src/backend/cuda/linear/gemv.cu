@@ -346,20 +346,19 @@ void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride
   gemv_impl(w, x, ldx, T, y, ldy, ws, stream, group_rows, group_x_stride, act, y16);
 }
 
-void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+namespace {
+template <typename H>
+void cast_f32(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  check_cuda(cuda::launch(cast_kernel<__nv_bfloat16>, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x,
-                          reinterpret_cast<__nv_bfloat16*>(y), n),
+  check_cuda(cuda::launch(cast_kernel<H>, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x, reinterpret_cast<H*>(y), n),
              "cast_kernel launch");
-  check_cuda(cudaGetLastError(), "cast_f32_to_bf16 launch");
+}
+}  // namespace
+
+void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  cast_f32<__nv_bfloat16>(x, y, n, stream);
 }
 
-void cast_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  check_cuda(cuda::launch(cast_kernel<__half>, dim3(std::max(blocks, 1)), dim3(256), 0, stream, x,
-                          reinterpret_cast<__half*>(y), n),
-             "cast_kernel launch");
-  check_cuda(cudaGetLastError(), "cast_f32_to_f16 launch");
-}
+void cast_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) { cast_f32<__half>(x, y, n, stream); }
 
 }  // namespace dsv4::cudalin
