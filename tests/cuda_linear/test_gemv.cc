@@ -213,6 +213,25 @@ TEST(CudaGemv, AllSplits) {
   cudalin::set_gemv_ksplit(0);
 }
 
+// Blocks of 4 warps (set_gemv_block_warps(4); default 8): the same cases on the smaller blocks, every K split.
+TEST(CudaGemv, FourWarpBlocks) {
+  DSV4_REQUIRE_GPU();
+  cudalin::set_gemv_block_warps(4);
+  run_case(Kind::kFp8, 2048, 4096, {1, 9, 64}, 50);
+  run_case(Kind::kFp8F16, 1536, 4096, {1, 4}, 51);  // wq_a + wkv
+  run_case(Kind::kFp4, 384, 1024, {1, 23}, 52);
+  run_case(Kind::kFp8, 16384, 256, {1, 2, 9}, 53);
+  uint64_t salt = 60;
+  for (int ks : {1, 2, 4, 8, 16}) {
+    cudalin::set_gemv_ksplit(ks);
+    run_case(Kind::kFp8, 144, 3072, {1, 9}, ++salt);
+    run_case(Kind::kFp4, 48, 640, {1, 17}, ++salt);
+  }
+  cudalin::set_gemv_ksplit(0);
+  cudalin::set_gemv_block_warps(8);
+  EXPECT_THROW(cudalin::set_gemv_block_warps(5), Error);
+}
+
 // The first kernels (still the fallback for weights the cp.async path cannot take).
 TEST(CudaGemv, Version1) {
   DSV4_REQUIRE_GPU();

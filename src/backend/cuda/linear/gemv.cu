@@ -134,23 +134,24 @@ void launch(int T, int cpw, dim3 grid, int threads, const GemvArgs& a, cudaStrea
 }
 
 // ---- v2: streamed through a per-warp cp.async ring (stream.cuh), sized to one wave.
-// Block = 8 warps = (8 / ksb) row tiles x ksb K splits; grid.y splits K further (then ksb = 8, one tile per
+// Block = MW warps (8, or 4: set_gemv_block_warps) = (MW / ksb) row tiles x ksb K splits; grid.y splits K
+// further (then ksb = MW, one tile per
 // block) with the same last-block reduction as above. Warp split s of ks_total takes chunks
 // [s*C/ks_total, (s+1)*C/ks_total). Partial sums of a tile's splits are added in fixed split order.
 template <bool FP4>
 constexpr int gemv_stages() { return FP4 ? 6 : 4; }
-template <bool FP4>
-constexpr int gemv2_smem() { return 8 * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
+template <bool FP4, int MW>
+constexpr int gemv2_smem() { return MW * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
 
-template <bool FP4, int NT, bool H16>
-__global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
+template <bool FP4, int NT, bool H16, int MW>
+__global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
   extern __shared__ uint4 ring[];
-  __shared__ float red[8][128];
+  __shared__ float red[MW][128];
   __shared__ int last;
   constexpr int STAGES = gemv_stages<FP4>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int tpb = 8 / ksb, tiles = static_cast<int>(a.N / 16);
+  const int tpb = MW / ksb, tiles = static_cast<int>(a.N / 16);
   const int tile = blockIdx.x * tpb + warp / ksb, s = blockIdx.y * ksb + warp % ksb;
   const int C = static_cast<int>(a.K / 128);
   const int cb = static_cast<int>(int64_t(s) * C / ks_total), ce = static_cast<int>(int64_t(s + 1) * C / ks_total);
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
     __syncthreads();
   }
   if (a.gy == 1) return;
-  // gy > 1: one tile per block (ksb = 8); the last block of the tile adds the gy partials in order.
+  // gy > 1: one tile per block (ksb = MW); the last block of the tile adds the gy partials in order.
   const int64_t row0 = int64_t(blockIdx.x) * 16;
   finish_split_k(a, row0, last);
 }
@@ -197,37 +198,60 @@ __global__ void __launch_bounds__(256, NT <= 2 ? 2 : 1) gemv2_kernel(GemvArgs a,
 void set_linear_pdl(bool on) { cuda::set_pdl(on); }
 namespace {
 
-// Resident blocks per SM of a kernel at 256 threads and `smem` dynamic bytes (after opting in to > 48 KB).
+// Resident blocks per SM of a kernel at `threads` threads and `smem` dynamic bytes (after opting in to > 48 KB).
 template <typename K>
-int blocks_per_sm(K* kernel, int smem) {
+int blocks_per_sm(K* kernel, int threads, int smem) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   int n = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, smem), "occupancy");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), "occupancy");
   return std::max(n, 1);
 }
 
-template <bool FP4, int NT, bool H16>
+template <bool FP4, int NT, bool H16, int MW>
 struct Gemv2 {
   static int occupancy() {
-    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16>, gemv2_smem<FP4>());
+    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW>, MW * 32, gemv2_smem<FP4, MW>());
     return n;
   }
   static void run(dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-    launch_pdl(gemv2_kernel<FP4, NT, H16>, grid, gemv2_smem<FP4>(), s, a, ksb, ks_total);
+    launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb, ks_total);
   }
 };
 
-template <bool FP4, bool H16>
+template <bool FP4, bool H16, int MW>
 int gemv2_occupancy(int T) {
-  return T <= 8 ? Gemv2<FP4, 1, H16>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16>::occupancy()
-         : T <= 32 ? Gemv2<FP4, 4, H16>::occupancy() : Gemv2<FP4, 8, H16>::occupancy();
+  return T <= 8 ? Gemv2<FP4, 1, H16, MW>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16, MW>::occupancy()
+         : T <= 32 ? Gemv2<FP4, 4, H16, MW>::occupancy() : Gemv2<FP4, 8, H16, MW>::occupancy();
 }
-template <bool FP4, bool H16>
+template <bool FP4, bool H16, int MW>
 void gemv2_launch(int T, dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-  if (T <= 8) Gemv2<FP4, 1, H16>::run(grid, a, ksb, ks_total, s);
-  else if (T <= 16) Gemv2<FP4, 2, H16>::run(grid, a, ksb, ks_total, s);
-  else if (T <= 32) Gemv2<FP4, 4, H16>::run(grid, a, ksb, ks_total, s);
-  else Gemv2<FP4, 8, H16>::run(grid, a, ksb, ks_total, s);
+  if (T <= 8) Gemv2<FP4, 1, H16, MW>::run(grid, a, ksb, ks_total, s);
+  else if (T <= 16) Gemv2<FP4, 2, H16, MW>::run(grid, a, ksb, ks_total, s);
+  else if (T <= 32) Gemv2<FP4, 4, H16, MW>::run(grid, a, ksb, ks_total, s);
+  else Gemv2<FP4, 8, H16, MW>::run(grid, a, ksb, ks_total, s);
+}
+
+// The v2 launch for one block size: K split as in gemv_impl (see there).
+template <int MW>
+void gemv2_dispatch(bool fp4, bool h16, int T, int tiles, int C, int cap_blocks, GemvArgs a, int64_t ws_partial_floats,
+                    int ws_counters, int force_ks, cudaStream_t stream) {
+  auto blocks = [&](int ks) {
+    return int64_t((tiles + (MW / std::min(ks, MW)) - 1) / (MW / std::min(ks, MW))) * std::max(1, ks / MW);
+  };
+  int ks = 1;
+  while (ks * 2 <= C && blocks(ks * 2) <= cap_blocks) ks *= 2;
+  if (force_ks > 0) {
+    ks = 1;
+    while (ks * 2 <= std::min(force_ks, C)) ks *= 2;
+  }
+  const int ksb = std::min(ks, MW), gy = std::max(1, ks / MW), tpb = MW / ksb;
+  a.gy = gy;
+  if (gy > 1 && (size_t(gy) * T * a.N > size_t(ws_partial_floats) || tiles > ws_counters))
+    throw Error(str_cat("cuda gemv: workspace too small for [", a.N, ", ", a.K, "] x ", T, " rows"));
+  const dim3 grid((tiles + tpb - 1) / tpb, gy);
+  if (fp4) gemv2_launch<true, false, MW>(T, grid, a, ksb, ks, stream);
+  else if (h16) gemv2_launch<false, true, MW>(T, grid, a, ksb, ks, stream);
+  else gemv2_launch<false, false, MW>(T, grid, a, ksb, ks, stream);
 }
 
 template <typename H>
@@ -245,6 +269,11 @@ static int g_force_cpw = 0;
 void set_gemv_chunks_per_warp(int cpw) { g_force_cpw = cpw; }
 static int g_force_ks = 0;
 void set_gemv_ksplit(int ks) { g_force_ks = ks; }
+static int g_gemv_warps = 8;
+void set_gemv_block_warps(int warps) {
+  if (warps != 4 && warps != 8) throw Error(str_cat("cuda gemv: ", warps, " warps per block (4 or 8)"));
+  g_gemv_warps = warps;
+}
 static int g_version = 2;
 void set_linear_kernel_version(int v) { g_version = v == 1 ? 1 : 2; }
 int linear_kernel_version() { return g_version; }
@@ -287,24 +316,20 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     // K split: the largest power of two (<= C) whose grid still fits in one wave of resident blocks (beyond
     // 8 splits per tile, grid.y > 1 with the extra reduction round trip: measured still faster for the small
     // shapes, docs/GEMM_MOE.md).
-    const int cap = device_info().sm_count * (fp4 ? gemv2_occupancy<true, false>(T)
-                                              : h16 ? gemv2_occupancy<false, true>(T) : gemv2_occupancy<false, false>(T));
-    auto blocks = [&](int ks) { return int64_t((tiles + (8 / std::min(ks, 8)) - 1) / (8 / std::min(ks, 8))) * std::max(1, ks / 8); };
-    int ks = 1;
-    while (ks * 2 <= C && blocks(ks * 2) <= cap) ks *= 2;
-    if (g_force_ks > 0) {
-      ks = 1;
-      while (ks * 2 <= std::min(g_force_ks, C)) ks *= 2;
-    }
-    const int ksb = std::min(ks, 8), gy = std::max(1, ks / 8), tpb = 8 / ksb;
-    GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, gy,
+    GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, 1,
                group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
-    if (gy > 1 && (size_t(gy) * T * w.rows > ws.partial_floats || tiles > ws.n_counters))
-      throw Error(str_cat("cuda gemv: workspace too small for [", w.rows, ", ", w.cols, "] x ", T, " rows"));
-    const dim3 grid((tiles + tpb - 1) / tpb, gy);
-    if (fp4) gemv2_launch<true, false>(T, grid, a, ksb, ks, stream);
-    else if (h16) gemv2_launch<false, true>(T, grid, a, ksb, ks, stream);
-    else gemv2_launch<false, false>(T, grid, a, ksb, ks, stream);
+    auto cap = [&](auto mw) {
+      constexpr int MW = decltype(mw)::value;
+      return device_info().sm_count * (fp4   ? gemv2_occupancy<true, false, MW>(T)
+                                       : h16 ? gemv2_occupancy<false, true, MW>(T)
+                                             : gemv2_occupancy<false, false, MW>(T));
+    };
+    if (g_gemv_warps == 4)
+      gemv2_dispatch<4>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 4>{}), a, ws.partial_floats,
+                        ws.n_counters, g_force_ks, stream);
+    else
+      gemv2_dispatch<8>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 8>{}), a, ws.partial_floats,
+                        ws.n_counters, g_force_ks, stream);
     check_cuda(cudaGetLastError(), "gemv launch");
     return;
   }
