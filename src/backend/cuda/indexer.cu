@@ -431,6 +431,20 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
   }
 }
 
+// Launches indexer_stream_kernel<F>, opting in to its dynamic shared memory once per process.
+template <IndexerKeyFormat F>
+void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t units_per_warp) {
+  constexpr int smem = smem_bytes<F>();
+  static const bool attr = [] {
+    check(cudaFuncSetAttribute(indexer_stream_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "indexer smem attribute");
+    return true;
+  }();
+  (void)attr;
+  check(launch(indexer_stream_kernel<F>, grid, dim3(kThreads), smem, stream, a, units_per_warp),
+        "indexer_stream_kernel launch");
+}
+
 }  // namespace
 
 void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
@@ -474,27 +488,8 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
   per_query = (n_units + units_per_warp * kWarps - 1) / (units_per_warp * kWarps);
   if (per_query > 0x7fffffffLL) fail("cuda::indexer_scores_fp8: too many keys (", a.n_keys, ")");
   const dim3 grid(static_cast<unsigned>(per_query), static_cast<unsigned>(a.n_queries));
-  if (fp4) {
-    constexpr int smem = smem_bytes<IndexerKeyFormat::kMXFP4>();
-    static const bool attr = [] {
-      check(cudaFuncSetAttribute(indexer_stream_kernel<IndexerKeyFormat::kMXFP4>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-            "indexer smem attribute");
-      return true;
-    }();
-    (void)attr;
-    check(launch(indexer_stream_kernel<IndexerKeyFormat::kMXFP4>, dim3(grid), dim3(kThreads), smem, stream, a, units_per_warp), "indexer_stream_kernel launch");
-  } else {
-    constexpr int smem = smem_bytes<IndexerKeyFormat::kFP8>();
-    static const bool attr = [] {
-      check(cudaFuncSetAttribute(indexer_stream_kernel<IndexerKeyFormat::kFP8>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-            "indexer smem attribute");
-      return true;
-    }();
-    (void)attr;
-    check(launch(indexer_stream_kernel<IndexerKeyFormat::kFP8>, dim3(grid), dim3(kThreads), smem, stream, a, units_per_warp), "indexer_stream_kernel launch");
-  }
+  if (fp4) launch_stream<IndexerKeyFormat::kMXFP4>(grid, stream, a, units_per_warp);
+  else launch_stream<IndexerKeyFormat::kFP8>(grid, stream, a, units_per_warp);
   check(cudaGetLastError(), "indexer_stream_kernel launch");
 }
 

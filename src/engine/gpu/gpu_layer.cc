@@ -276,11 +276,11 @@ void GpuModel::Impl::attention(int li, int T) {
   Act16 zb;  // the 16-bit copy of z for wo_b, written by the grouped GEMV's epilogue (no cast launch)
   if (grouped_gemv && T <= 64) {
     // One launch for all groups: group g's rows read o's column block g (cudalin::gemv_grouped).
-    const bool z_h16 = use_gemv(L.wo_b) && h16(L.wo_b, T);
-    if (use_gemv(L.wo_b)) zb = {s.zb, z_h16};
+    uint16_t* zcopy = use_gemv(L.wo_b) ? s.zb : nullptr;  // h16() implies use_gemv()
+    zb = {zcopy, h16(L.wo_b, T)};
     cudalin::gemv_grouped(L.wo_a.d, olr, gin, s.xb, H * hd, T, s.z, G * olr, ws, stream,
                           o_h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16,
-                          {zb.p ? s.zb : nullptr, z_h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16});
+                          {zcopy, zb.f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16});
   } else {
     for (int64_t g = 0; g < G; ++g) {
       if (grouped_gemv)

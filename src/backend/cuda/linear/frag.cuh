@@ -148,6 +148,15 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Writes this warp's C fragment of n-tile nt into red[128] (row r, col c at r*8 + c).
+__device__ __forceinline__ void stash_frag(float* red, const float (&c)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  red[g * 8 + 2 * t] = c[0];
+  red[g * 8 + 2 * t + 1] = c[1];
+  red[(g + 8) * 8 + 2 * t] = c[2];
+  red[(g + 8) * 8 + 2 * t + 1] = c[3];
+}
+
 // Activations for one 128-wide K chunk: the thread's 32 bf16 at k = 32t .. 32t+31 of its token (zeros
 // when the thread has no token), as 16 words u[m] = (x[2m], x[2m+1]).
 struct Act32 {

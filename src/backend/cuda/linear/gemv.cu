@@ -173,21 +173,14 @@ __global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_k
   else
     cuda::pdl::wait();
   cuda::pdl::trigger();
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    if (nt >= nt_valid) break;
-    dev::stash_frag(red[warp], acc[0][nt]);
-    __syncthreads();
-    const float(*const parts[1])[128] = {red};
-    dev::sum_splits<1>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[1]) {
-      const int tok = nt * 8 + col, tt = blockIdx.x * tpb + tl;
-      if (tok < a.T && tt < tiles) {
-        if (a.gy == 1) store_y(a, tok * a.ldy + int64_t(tt) * 16 + r, v[0]);
-        else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v[0];
-      }
-    });
-    __syncthreads();
-  }
+  float(*const parts[1])[128] = {red};
+  dev::reduce_tiles<1, NT>(parts, acc, nt_valid, tpb, ksb, [&](int nt, int tl, int r, int col, const float (&v)[1]) {
+    const int tok = nt * 8 + col, tt = blockIdx.x * tpb + tl;
+    if (tok < a.T && tt < tiles) {
+      if (a.gy == 1) store_y(a, tok * a.ldy + int64_t(tt) * 16 + r, v[0]);
+      else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v[0];
+    }
+  });
   if (a.gy == 1) return;
   // gy > 1: one tile per block (ksb = MW); the last block of the tile adds the gy partials in order.
   const int64_t row0 = int64_t(blockIdx.x) * 16;

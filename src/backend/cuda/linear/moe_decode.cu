@@ -298,28 +298,20 @@ __global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w13_v2_kerne
     if (tile < tiles)
       dev::stream_warp<true, NT, 2, kMoeStages, H16>(ring + warp * kRing, W, S, false, a.hidden, int64_t(tile) * 16, cb,
                                                      ce, nt_valid, xr, acc);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if (nt >= nt_valid) break;
-      dev::stash_frag(red[0][warp], acc[0][nt]);
-      dev::stash_frag(red[1][warp], acc[1][nt]);
-      __syncthreads();
-      const float(*const parts[2])[128] = {red[0], red[1]};
-      dev::sum_splits<2>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[2]) {
-        const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
-        if (j < sl.ntok && tt < tiles) {
-          float gv = v[0], uv = v[1];
-          if (a.limit > 0.f) {
-            gv = fminf(gv, a.limit);
-            uv = fminf(fmaxf(uv, -a.limit), a.limit);
-          }
-          const float hv = gv / (1.0f + expf(-gv)) * uv * a.rw[s_pid[j]];
-          a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] =
-              H16 ? __half_as_ushort(__float2half_rn(hv)) : __bfloat16_as_ushort(__float2bfloat16_rn(hv));
+    float(*const parts[2])[128] = {red[0], red[1]};
+    dev::reduce_tiles<2, NT>(parts, acc, nt_valid, tpb, ksb, [&](int nt, int tl, int r, int col, const float (&v)[2]) {
+      const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
+      if (j < sl.ntok && tt < tiles) {
+        float gv = v[0], uv = v[1];
+        if (a.limit > 0.f) {
+          gv = fminf(gv, a.limit);
+          uv = fminf(fmaxf(uv, -a.limit), a.limit);
         }
-      });
-      __syncthreads();
-    }
+        const float hv = gv / (1.0f + expf(-gv)) * uv * a.rw[s_pid[j]];
+        a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] =
+            H16 ? __half_as_ushort(__float2half_rn(hv)) : __bfloat16_as_ushort(__float2bfloat16_rn(hv));
+      }
+    });
   }
 }
 
@@ -389,18 +381,11 @@ __global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w2_v2_kernel
     if (tile < tiles)
       dev::stream_warp<true, NT, 1, kMoeStages, H16>(ring + warp * kRing, W, S, false, a.inter, int64_t(tile) * 16, cb,
                                                      ce, nt_valid, xr, acc);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if (nt >= nt_valid) break;
-      dev::stash_frag(red[warp], acc[0][nt]);
-      __syncthreads();
-      const float(*const parts[1])[128] = {red};
-      dev::sum_splits<1>(parts, tpb, ksb, [&](int tl, int r, int col, const float (&v)[1]) {
-        const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
-        if (j < sl.ntok && tt < tiles) a.ybuf[int64_t(s_pid[j]) * a.hidden + tt * 16 + r] = v[0];
-      });
-      __syncthreads();
-    }
+    float(*const parts[1])[128] = {red};
+    dev::reduce_tiles<1, NT>(parts, acc, nt_valid, tpb, ksb, [&](int nt, int tl, int r, int col, const float (&v)[1]) {
+      const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
+      if (j < sl.ntok && tt < tiles) a.ybuf[int64_t(s_pid[j]) * a.hidden + tt * 16 + r] = v[0];
+    });
   }
   cuda::pdl::wait();  // (no-op after stream_warp's) before any write
   cuda::pdl::trigger();

@@ -321,7 +321,7 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
 // tl*ksb + ksb - 1. Calls emit(tl, row, col, sums) for every one of the tpb * 128 outputs, each matrix's
 // splits added in split order. The caller synchronises the block before and after.
 template <int NMAT, typename Emit>
-__device__ __forceinline__ void sum_splits(const float (*const (&red)[NMAT])[128], int tpb, int ksb, Emit&& emit) {
+__device__ __forceinline__ void sum_splits(float (*const (&red)[NMAT])[128], int tpb, int ksb, Emit&& emit) {
   for (int i = threadIdx.x; i < tpb * 128; i += blockDim.x) {
     const int tl = i >> 7, o = i & 127;
     float v[NMAT] = {};
@@ -330,6 +330,24 @@ __device__ __forceinline__ void sum_splits(const float (*const (&red)[NMAT])[128
       for (int m = 0; m < NMAT; ++m) v[m] += red[m][tl * ksb + k][o];
     }
     emit(tl, o >> 3, o & 7, v);
+  }
+}
+
+// The whole split-K epilogue of the streaming kernels: for each valid n-tile, every warp stashes its 16 x 8
+// partial tile of each matrix (red[m][warp]), the block adds the splits (sum_splits) and calls
+// emit(nt, tl, row, col, sums); barriers before and after each tile, so `red` is reused safely.
+template <int NMAT, int NT, typename Emit>
+__device__ __forceinline__ void reduce_tiles(float (*const (&red)[NMAT])[128], const float (&acc)[NMAT][NT][4],
+                                             int nt_valid, int tpb, int ksb, Emit&& emit) {
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (nt >= nt_valid) break;
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) stash_frag(red[m][warp], acc[m][nt]);
+    __syncthreads();
+    sum_splits<NMAT>(red, tpb, ksb, [&](int tl, int r, int col, const float (&v)[NMAT]) { emit(nt, tl, r, col, v); });
+    __syncthreads();
   }
 }
 

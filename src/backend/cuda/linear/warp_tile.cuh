@@ -133,13 +133,5 @@ __device__ __forceinline__ void fp4_warp(const uint8_t* const (&W)[NMAT], const 
   }
 }
 
-// Writes this warp's C fragment of n-tile nt into red[128] (row r, col c at r*8 + c).
-__device__ __forceinline__ void stash_frag(float* red, const float (&c)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  red[g * 8 + 2 * t] = c[0];
-  red[g * 8 + 2 * t + 1] = c[1];
-  red[(g + 8) * 8 + 2 * t] = c[2];
-  red[(g + 8) * 8 + 2 * t + 1] = c[3];
-}
 
 }  // namespace dsv4::cudalin::dev
