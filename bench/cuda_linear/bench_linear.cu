@@ -147,10 +147,12 @@ void bench_copy() {
 
 cudalin::ActFormat g_act = cudalin::ActFormat::kBf16;  // activations of the FP8 GEMV rows (--f16-ab)
 
+// resident: one weight, read again by every call, so it stays in L2 (what the kernel costs without DRAM).
 void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick, bool peer_and_v1 = true,
-                const std::string& tag = "") {
+                const std::string& tag = "", bool resident = false) {
   const size_t wbytes = fp4 ? N * K / 2 : N * K, sbytes = fp4 ? N * K / 32 : ((N + 127) / 128) * ((K + 127) / 128);
-  const int R = int(std::clamp<size_t>((size_t(400) << 20) / (wbytes + sbytes), 2, 64));  // > 6x the 60 MB L2
+  const int R = resident ? 1 : int(std::clamp<size_t>((size_t(400) << 20) / (wbytes + sbytes), 2, 64));  // > 6x L2
+  const int inner = resident ? 16 : R;
   uint8_t *w, *s;
   ok(cudaMalloc(&w, wbytes * R), "malloc"), ok(cudaMalloc(&s, sbytes * R), "malloc");
   fill(w, wbytes * R, 7, fp4 ? 0 : 1);
@@ -182,8 +184,8 @@ void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool
   Timer t;
   for (int T : Ts) {
     double v1, us, gr;
-    time3(t, quick ? 5 : 15, R, peer_and_v1, [&](int i) {
-      cudalin::DevWeight d{fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + i * wbytes, s + i * sbytes, false};
+    time3(t, quick ? 5 : 15, inner, peer_and_v1, [&](int i) {
+      cudalin::DevWeight d{fp4 ? WeightFormat::kFP4 : WeightFormat::kFP8Block, N, K, w + (i % R) * wbytes, s + (i % R) * sbytes, false};
       cudalin::gemv(d, x, K, T, y, N, ws, g_s, fp4 ? cudalin::ActFormat::kBf16 : g_act);
     }, v1, us, gr);
     const double peer = peer_and_v1 ? t.median_us(quick ? 5 : 15, RB, [&](int i) {
@@ -202,7 +204,8 @@ void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool
   cudaFree(w), cudaFree(s), cudaFree(x), cudaFree(y), cudaFree(wb);
 }
 
-void bench_moe(bool quick, bool sweep = false) {
+// alias: every expert id points at expert 0's weights (13 MB, L2-resident): the kernels' cost without DRAM.
+void bench_moe(bool quick, bool sweep = false, bool alias = false) {
   cudalin::MoeShape sh;  // V4-Flash: hidden 4096, inter 2048, 256 experts, top-6, clamp 10
   const size_t w13 = size_t(sh.inter) * sh.hidden / 2, s13 = size_t(sh.inter) * sh.hidden / 32;
   const size_t w2 = size_t(sh.hidden) * sh.inter / 2, s2 = size_t(sh.hidden) * sh.inter / 32;
@@ -216,6 +219,8 @@ void bench_moe(bool quick, bool sweep = false) {
     ex[e] = {p, p + w13, p + w13 + s13, p + 2 * w13 + s13, p + 2 * (w13 + s13), p + 2 * (w13 + s13) + w2};
     fill(p + w13, s13, 12 + e, 2, 118), fill(p + 2 * w13 + s13, s13, 13 + e, 2, 118), fill(p + 2 * (w13 + s13) + w2, s2, 14 + e, 2, 118);
   }
+  if (alias)
+    for (auto& e : ex) e = ex[0];
   cudalin::DevExpert* dex;
   ok(cudaMalloc(&dex, ex.size() * sizeof(ex[0])), "malloc"), ok(cudaMemcpy(dex, ex.data(), ex.size() * sizeof(ex[0]), cudaMemcpyHostToDevice), "ex");
   uint16_t* x;
@@ -262,7 +267,7 @@ void bench_moe(bool quick, bool sweep = false) {
         char name[160];
         std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)%s%s", T, mode == 0 ? "random top-6" : "same 6 experts",
                       uniq, sweep ? (" ks=" + std::to_string(ks)).c_str() : "",
-                      g_act == cudalin::ActFormat::kF16 ? " f16" : "");
+                      (std::string(g_act == cudalin::ActFormat::kF16 ? " f16" : "") + (alias ? " L2-resident" : "")).c_str());
         rows_out.push_back({name, v1, us, gr, bytes, bytes / g_copy_bw * 1e6, -1, g_nopdl});
         std::printf("%s: v1 %.2f us, v2 %.2f us, v2 graph %.2f us (%.0f GB/s), no PDL %.2f us\n", name, v1, us, gr,
                     bytes / gr * 1e-3, g_nopdl);
@@ -316,6 +321,23 @@ int main(int argc, char** argv) {
     bench_gemv(false, 4096, 4096, {1}, true, false, " profile");
     bench_gemv(true, 2048, 4096, {1}, true, false, " profile");
     bench_moe(true, false);
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--diag") == 0) {  // DRAM-read vs L2-resident cost of the batch-1 kernels
+    bench_copy();
+    g_act = cudalin::ActFormat::kF16;
+    for (bool res : {false, true}) {
+      const char* tag = res ? " f16 L2-resident" : " f16";
+      bench_gemv(false, 4096, 4096, {1, 4}, true, false, tag, res);
+      bench_gemv(false, 32768, 1024, {1}, true, false, tag, res);
+      bench_gemv(false, 1536, 4096, {1}, true, false, tag, res);
+    }
+    for (int mw : {4, 8}) {
+      cudalin::set_moe_block_warps(mw);
+      for (bool alias : {false, true}) bench_moe(true, false, alias);
+    }
+    cudalin::set_moe_block_warps(4);
+    print_rows();
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--f16-ab") == 0) {  // FP8 GEMVs of a V4-Flash layer: bf16 vs f16 activations

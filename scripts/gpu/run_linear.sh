@@ -58,17 +58,19 @@ done
 timeout "${LIN_BENCH_S:-120}" "$BIN/bench_cuda_linear" $QUICK > "$RESULTS/bench.log" 2>&1 || { echo "bench failed rc=$?"; tail -8 "$RESULTS/bench.log"; status=1; }
 [ "$SECONDS" -lt "${LIN_SKIP_TORCH_AFTER:-100000}" ] && PYTHONUNBUFFERED=1 timeout "${LIN_TORCH_S:-60}" python3 bench/cuda_linear/torch_peer.py $QUICK > "$RESULTS/torch_peer.log" 2>&1 || { echo "torch peer failed"; tail -5 "$RESULTS/torch_peer.log"; }
 
-# LIN_NCU=1: Nsight Compute on a few launches of the v2 kernels (file ncu.txt in $OUT).
+# LIN_NCU=1: Nsight Compute on a few launches of the v2 kernels (file ncu.txt in $OUT); LIN_NCU_KERNELS (regexes,
+# space-separated) and LIN_NCU_ARGS (the bench's arguments, default --profile) choose what is profiled.
 if [ "${LIN_NCU:-0}" = 1 ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
     : > "$FINAL/ncu.txt"
-    for k in "gemv2_kernel<false" "gemv2_kernel<true" "_v2_kernel<"; do
+    for k in ${LIN_NCU_KERNELS:-"gemv2_kernel<false" "gemv2_kernel<true" "_v2_kernel<"}; do
       timeout "${LIN_NCU_S:-45}" "$NCU" --kernel-name-base demangled -k regex:"$k" -c 2 --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-        --section SchedulerStats "$BIN/bench_cuda_linear" --profile >> "$FINAL/ncu.txt" 2>&1 || echo "ncu $k rc=$?"
+        --section SchedulerStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" "$BIN/bench_cuda_linear" ${LIN_NCU_ARGS:---profile} >> "$FINAL/ncu.txt" 2>&1 || echo "ncu $k rc=$?"
     done
-    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Issued Ipc|Stall|Registers Per|Waves Per SM|No Eligible|L2 Hit" "$FINAL/ncu.txt" | head -120
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Issued Ipc|Stall|Registers Per|Waves Per SM|No Eligible|L2 Hit|stalled_[a-z_]+_per_issue_active\.ratio +[a-z]* +[0-9.]*[1-9]" "$FINAL/ncu.txt" | \
+      sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active\.ratio//; s/  +/ /g' | head -${LIN_NCU_LINES:-120}
   else
     echo "ncu not found"
   fi

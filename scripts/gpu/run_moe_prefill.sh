@@ -7,33 +7,14 @@ FINAL=${OUT:-build-gpu-moep/out}
 mkdir -p "$FINAL"
 JOBS=${JOBS:-16}
 QUICK=${1:-}
-B=build-gpu-moep
+B=${MOEP_BUILD:-build-gpu-moep}  # MOEP_BUILD=build-gpu reuses run_lead.sh's build on a warm machine
 DEPS_LOG="$FINAL/deps.log"
 source scripts/gpu/deps_prefix.sh
 
-W=$PWD/$B/wrapper  # a small top level: the library, its tests and benchmarks only
-mkdir -p "$W"
-cat > "$W/CMakeLists.txt" <<CM
-cmake_minimum_required(VERSION 3.25)
-project(dsv4_moep LANGUAGES CXX)
-set(CMAKE_CXX_STANDARD 20)
-set(CMAKE_CXX_STANDARD_REQUIRED ON)
-find_package(OpenMP REQUIRED)
-find_package(nlohmann_json 3.10 REQUIRED)
-find_package(Threads REQUIRED)
-add_compile_options(-Wall -Wextra -Wno-unused-parameter)
-include($PWD/cmake/cuda.cmake)
-add_subdirectory($PWD/src src)
-add_subdirectory($PWD/src/backend/cuda/linear cuda_linear)
-enable_testing()
-find_package(GTest REQUIRED)
-include_directories($PWD/tests)  # gpu_available.h (the real top level has it as PROJECT_SOURCE_DIR/tests)
-add_subdirectory($PWD/tests/cuda_linear tests_cuda_linear)
-add_subdirectory($PWD/bench/cuda_linear bench_cuda_linear)
-CM
 TARGETS="test_cuda_moe_prefill bench_cuda_moe_prefill"
 t0=$(date +%s)
-{ cmake -S "$W" -B $B -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+# The real top level (tests and benchmarks on); only the two targets and their libraries are built.
+{ cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target $TARGETS; } > "$FINAL/build.log" 2>&1 ||
   { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"

@@ -264,5 +264,106 @@ TEST(GlueNormRope, KvTailMatchesThreeLaunches) {
   }
 }
 
+// cuda::sparse_attention's output epilogue (inverse RoPE of the last 2 * n_freq dims per head, 16-bit copy)
+// against the same attention without it followed by glue::heads_norm_rope(inverse, copy), bit for bit: in the
+// split combine (few queries) and in the epilogue-only kernel (80 queries: one split), bf16 and f32 rows,
+// both precisions, bf16 / f16 / no copy, no rotation. Outputs NaN-poisoned before every launch.
+TEST(GlueAttention, RopeEpilogueMatchesSeparateLaunch) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<float> nd(0.f, 1.f);
+  constexpr int H = cuda::kAttnHeads, D = cuda::kAttnDim, n_freq = 32, n_rows = 300, n_slots = 200;
+  std::vector<float> inv(n_freq), sink(H);
+  for (int i = 0; i < n_freq; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2 * n_freq));
+  for (float& v : sink) v = nd(rng);
+  float* dinv = upload(inv);
+  float* dsink = upload(sink);
+  struct Case { int T; cuda::KvRowFormat fmt; cuda::AttnPrecision prec; bool rope; int copy; };  // copy: 0 none, 1 bf16, 2 f16
+  const Case cases[] = {{1, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kSplitBf16, true, 2},
+                        {5, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kSplitBf16, true, 1},
+                        {80, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kSplitBf16, true, 2},
+                        {3, cuda::KvRowFormat::kF32, cuda::AttnPrecision::kFp32, true, 1},
+                        {80, cuda::KvRowFormat::kF32, cuda::AttnPrecision::kFp32, true, 0},
+                        {2, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kFp32, false, 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("T " + std::to_string(c.T) + " fmt " + std::to_string(int(c.fmt)) + " rope " +
+                 std::to_string(c.rope) + " copy " + std::to_string(c.copy));
+    const bool f32 = c.fmt == cuda::KvRowFormat::kF32;
+    const int64_t row_bytes = f32 ? 4 * D : 2 * D;
+    std::vector<uint8_t> kv(n_rows * row_bytes);
+    for (int64_t r = 0; r < n_rows; ++r)
+      for (int d = 0; d < D; ++d) {
+        const float v = 0.5f * nd(rng);
+        if (f32) std::memcpy(&kv[r * row_bytes + 4 * d], &v, 4);
+        else {
+          const uint16_t b = f32_to_bf16(v);
+          std::memcpy(&kv[r * row_bytes + 2 * d], &b, 2);
+        }
+      }
+    std::vector<float> q(static_cast<size_t>(c.T) * H * D);
+    for (float& v : q) v = 0.1f * nd(rng);
+    std::vector<int32_t> slots(static_cast<size_t>(c.T) * n_slots);
+    std::uniform_int_distribution<int> sd(-1, n_rows - 1);
+    for (int32_t& v : slots) v = sd(rng);
+    std::vector<int64_t> pos(c.T);
+    std::uniform_int_distribution<int64_t> pd(0, 200000);
+    for (int64_t& v : pos) v = pd(rng);
+    uint8_t* dkv = upload(kv);
+    float* dq = upload(q);
+    int32_t* dslots = upload(slots);
+    int64_t* dpos = upload(pos);
+    const size_t n_out = q.size();
+    float* dout = nullptr;
+    uint16_t* d16 = nullptr;
+    void* ws = nullptr;
+    ASSERT_EQ(cudaMalloc(&dout, n_out * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d16, n_out * sizeof(uint16_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>(16, cuda::sparse_attention_workspace_bytes(c.T, n_slots))), cudaSuccess);
+    cuda::SparseAttentionArgs a;
+    a.q = dq, a.kv = dkv, a.n_rows = n_rows, a.row_bytes = row_bytes, a.format = c.fmt, a.slots = dslots;
+    a.n_slots = n_slots, a.sink = dsink, a.scale = 1.0f / std::sqrt(static_cast<float>(D)), a.out = dout;
+    a.n_queries = c.T, a.workspace = ws, a.precision = c.prec;
+    uint16_t* copy = c.copy ? d16 : nullptr;
+    std::vector<float> out_sep(n_out), out_fused(n_out);
+    std::vector<uint16_t> c_sep(n_out), c_fused(n_out);
+    for (int fused = 0; fused < 2; ++fused) {
+      ASSERT_EQ(cudaMemset(dout, 0xff, n_out * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(d16, 0xff, n_out * sizeof(uint16_t)), cudaSuccess);
+      cuda::SparseAttentionArgs b = a;
+      if (fused) {
+        if (c.rope) b.rope_pos = dpos, b.rope_inv_freq = dinv, b.rope_n_freq = n_freq;
+        b.out16 = copy, b.out16_f16 = c.copy == 2;
+        cuda::sparse_attention(b, nullptr);
+      } else {
+        cuda::sparse_attention(b, nullptr);
+        glue::heads_norm_rope(dout, c.T, H, D, dpos, dinv, c.rope ? n_freq : 0, false, 0.f, true, nullptr, copy,
+                              c.copy == 2);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy((fused ? out_fused : out_sep).data(), dout, n_out * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy((fused ? c_fused : c_sep).data(), d16, n_out * sizeof(uint16_t), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    size_t non_finite = 0;
+    for (float v : out_fused) non_finite += !std::isfinite(v);
+    EXPECT_EQ(non_finite, 0u) << "unwritten outputs";
+    EXPECT_TRUE(same_bits(out_sep, out_fused)) << "fused out differs from attention + heads_norm_rope";
+    EXPECT_EQ(0, std::memcmp(c_sep.data(), c_fused.data(), n_out * sizeof(uint16_t))) << "16-bit copies differ";
+    if (!c.copy) {
+      EXPECT_EQ(c_fused[0], 0xffffu) << "a copy was written without out16";
+    }
+    if (&c == &cases[0]) {  // the epilogue's argument checks
+      cuda::SparseAttentionArgs b = a;
+      b.rope_pos = dpos, b.rope_inv_freq = dinv, b.rope_n_freq = 3;
+      EXPECT_THROW(cuda::sparse_attention(b, nullptr), std::exception) << "odd rope_n_freq";
+      b.rope_n_freq = n_freq, b.out16 = d16 + 1;
+      EXPECT_THROW(cuda::sparse_attention(b, nullptr), std::exception) << "misaligned out16";
+    }
+    cudaFree(dkv), cudaFree(dq), cudaFree(dslots), cudaFree(dpos), cudaFree(dout), cudaFree(d16), cudaFree(ws);
+  }
+  cudaFree(dinv), cudaFree(dsink);
+}
+
 }  // namespace
 }  // namespace dsv4

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/selection_margin.h"
 #include "core/error.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
@@ -83,7 +84,16 @@ int32_t argmax(const float* v, int64_t n) {
 struct GreedyRun {
   std::vector<std::vector<float>> logits;
   std::vector<int32_t> tokens;
+  std::vector<double> margin;  // CPU runs: the smallest selection gap of each forward (cpu/selection_margin.h)
 };
+
+// A CPU selection whose last selected and first unselected scores are closer than this (relative) is a near
+// tie: GPU and CPU scores differ by ~1e-6 relative in exact mode, so the GPU may choose the other side, after
+// which the two runs compute different functions (and later choices with margins up to ~1e-2 may follow).
+// Measured on the CPU for the selective model: the two seeds whose exact-mode comparison failed on the H200
+// (99198635697 in run 9, 115574677948 in run 17 of docs/PERFORMANCE.md) have gaps of 4.6e-7 and 8.5e-7;
+// passing seeds stay above 1e-5 over 2 x 256 steps. Steps from the first near tie on are not compared.
+constexpr double kNearTie = 5e-6;
 
 // max |a - b| / max |b| over one logits row; NaN or inf in a gives inf (std::max would drop a NaN).
 double row_error(const std::vector<float>& a, const std::vector<float>& b) {
@@ -132,6 +142,7 @@ class GpuEngine : public ::testing::Test {
     auto m = Model::load(dir_[sel], eo);
     const int64_t V = m->config().vocab_size;
     std::vector<GreedyRun> runs;
+    cpu::selection_margin_track(true);
     for (size_t i = 0; i < prompts_.size(); ++i) {
       GreedyRun r;
       auto s = m->new_sequence();
@@ -139,13 +150,16 @@ class GpuEngine : public ::testing::Test {
       b[0].seq = s.get();
       b[0].tokens = prompts_[i];
       for (int k = 0; k < n_generate(); ++k) {
+        cpu::selection_margin_reset();
         auto out = m->forward(b);
+        r.margin.push_back(cpu::selection_margin());
         r.logits.push_back(out[0].logits);
         r.tokens.push_back(argmax(out[0].logits.data(), V));
         b[0].tokens = {force ? (*force)[i].tokens[k] : r.tokens.back()};
       }
       runs.push_back(std::move(r));
     }
+    cpu::selection_margin_track(false);
     return cpu_[{sel, kv}] = std::move(runs);
   }
 
@@ -191,27 +205,38 @@ class GpuEngine : public ::testing::Test {
   // steps where the argmax differs. require_argmax: the argmax must be identical at every step (exact mode).
   // Without it the count is reported only: once the logits are within `bound` * max|b|, an argmax can differ
   // only where the CPU's top two logits are within 2 * bound * max|b|, so the bound is the assertion.
+  // Steps from the CPU run's first near tie (kNearTie) on are not compared, and say so.
   static double compare(const char* what, const std::vector<GreedyRun>& g, const std::vector<GreedyRun>& c,
                         double bound, bool require_argmax) {
     double worst_all = 0;
+    size_t most_compared = 0;
     for (size_t i = 0; i < g.size(); ++i) {
       size_t differ = 0, first_differ = g[i].tokens.size();
       double worst = 0;
-      size_t worst_k = 0;
-      for (size_t k = 0; k < g[i].logits.size(); ++k) {
+      size_t worst_k = 0, limit = g[i].logits.size();
+      for (size_t k = 0; k < c[i].margin.size() && k < limit; ++k)
+        if (c[i].margin[k] < kNearTie) {
+          std::printf("%s seq %zu: near tie in the CPU reference at step %zu (selection gap %.2e < %.0e): steps %zu.. "
+                      "not compared\n", what, i, k, c[i].margin[k], kNearTie, k);
+          limit = k;
+        }
+      for (size_t k = 0; k < limit; ++k) {
         const double rel = row_error(g[i].logits[k], c[i].logits[k]);
         if (!(rel <= worst)) worst = rel, worst_k = k;  // NaN propagates into worst
         if (g[i].tokens[k] != c[i].tokens[k] && differ++ == 0) first_differ = k;
       }
       std::printf("%s seq %zu (prompt %zu): max logit error %.3e (step %zu), argmax differs at %zu of %zu steps"
-                  " (first %zu)\n", what, i, prompts_[i].size(), worst, worst_k, differ, g[i].tokens.size(),
-                  first_differ);
+                  " (first %zu)\n", what, i, prompts_[i].size(), worst, worst_k, differ, limit, first_differ);
       EXPECT_LE(worst, bound) << what << " seq " << i;
       if (require_argmax) {
         EXPECT_EQ(differ, 0u) << what << " seq " << i;
       }
       if (!(worst <= worst_all)) worst_all = worst;
+      most_compared = std::max(most_compared, limit);
     }
+    // Not vacuous: near ties early in both sequences (rare) leave too little compared; rerun with a new seed.
+    EXPECT_GE(most_compared, std::min<size_t>(32, g.empty() ? 0 : g[0].logits.size()))
+        << what << " near ties early in every sequence: too few steps compared";
     return worst_all;
   }
 

@@ -12,6 +12,7 @@
 #include "backend/cpu/compressor.h"
 #include "backend/cpu/mhc.h"
 #include "backend/cpu/norm_rope.h"
+#include "backend/cpu/selection_margin.h"
 #include "backend/cpu/sparse_attention.h"
 #include "backend/cpu/topk.h"
 #include "core/numerics.h"
@@ -137,6 +138,30 @@ TEST(TopK, ManyExactTiesSelectTheKLowestIndices) {
   cpu::topk_row(s.data(), static_cast<int64_t>(s.size()), 512, out.data());
   for (int i = 0; i < 511; ++i) EXPECT_EQ(out[i], i);
   EXPECT_EQ(out[511], 9999);
+}
+
+// The selection-gap probe (test instrumentation of the GPU-vs-CPU comparisons): the relative gap between the
+// last selected and the first unselected score, the smallest since the reset; 0 for an exact tie across the
+// cut; nothing when every valid entry is selected or tracking is off.
+TEST(TopK, SelectionGapProbe) {
+  std::vector<float> s = {1.0f, 5.0f, 3.0f, 4.0f, -INFINITY};
+  int32_t out[3];
+  cpu::topk_row(s.data(), 5, 2, out);  // tracking off
+  EXPECT_TRUE(std::isinf(cpu::selection_margin()));
+  cpu::selection_margin_track(true);
+  cpu::topk_row(s.data(), 5, 2, out);  // selected 5, 4; first unselected 3
+  EXPECT_DOUBLE_EQ(cpu::selection_margin(), (4.0 - 3.0) / 4.0);
+  cpu::topk_row(s.data(), 5, 3, out);  // selected 5, 4, 3; next 1: a wider gap leaves the minimum alone
+  EXPECT_DOUBLE_EQ(cpu::selection_margin(), 0.25);
+  cpu::selection_margin_reset();
+  cpu::topk_row(s.data(), 5, 4, out);  // every valid entry selected: no cut, no gap
+  EXPECT_TRUE(std::isinf(cpu::selection_margin()));
+  std::vector<float> tie = {2.0f, 7.0f, 2.0f};
+  cpu::topk_row(tie.data(), 3, 2, out);
+  EXPECT_EQ(cpu::selection_margin(), 0.0);
+  cpu::selection_margin_track(false);
+  cpu::topk_row(s.data(), 5, 2, out);
+  EXPECT_TRUE(std::isinf(cpu::selection_margin()));
 }
 
 // The compressor's streaming state against the direct formula over the whole sequence (spec 2.4).

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/linear.h"
+#include "backend/cpu/selection_margin.h"
 #include "core/error.h"
 
 namespace dsv4::cpu {
@@ -50,6 +51,11 @@ void moe_route(const ModelConfig& c, const LayerWeights& L, const float* x, int6
         return va > vb || (va == vb && a < bb);
       });
       std::copy(order.begin(), order.begin() + K, sel);
+      if (K < E) {  // the gap to the best unselected expert (test instrumentation, selection_margin.h)
+        float next = -INFINITY;
+        for (int e = K; e < E; ++e) next = std::max(next, s[order[e]] + b[order[e]]);
+        note_selection_gap(s[order[K - 1]] + b[order[K - 1]], next);
+      }
     }
     float sum = 0.0f;
     for (int k = 0; k < K; ++k) sum += s[sel[k]];

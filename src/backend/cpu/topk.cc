@@ -1,5 +1,7 @@
 #include "backend/cpu/topk.h"
 
+#include "backend/cpu/selection_margin.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,6 +16,11 @@ void topk_row(const float* scores, int64_t n, int k, int32_t* out) {
   const size_t take = std::min<size_t>(static_cast<size_t>(k), idx.size());
   auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
   std::nth_element(idx.begin(), idx.begin() + take, idx.end(), better);
+  if (take > 0 && take < idx.size()) {  // the first unselected entry is idx[take] (test instrumentation)
+    float last = scores[idx[0]];
+    for (size_t i = 1; i < take; ++i) last = std::min(last, scores[idx[i]]);
+    note_selection_gap(last, scores[idx[take]]);
+  }
   std::sort(idx.begin(), idx.begin() + take);
   for (size_t i = 0; i < take; ++i) out[i] = idx[i];
   for (size_t i = take; i < static_cast<size_t>(k); ++i) out[i] = -1;

@@ -62,6 +62,16 @@ struct SparseAttentionArgs {
   int n_queries = 0;
   void* workspace = nullptr;       // sparse_attention_workspace_bytes(...) bytes (split-K partials)
   AttnPrecision precision = AttnPrecision::kSplitBf16;  // fp8 / bf16 rows only; f32 rows always use kFp32
+  // Optional output epilogue (the engine's inverse RoPE and the 16-bit copy for wo_a, without their own
+  // launch when the slots are split, which the combine kernel then finishes): the last 2 * rope_n_freq dims
+  // of every head of out rotated back by rope_pos[query] * rope_inv_freq[i] (glue::heads_norm_rope with
+  // inverse = true, bit for bit: backend/cuda/rope.cuh), then out16 = out rounded to bf16 (f16 when
+  // out16_f16). rope_pos == nullptr: no rotation; out16 == nullptr: no copy. rope_n_freq even, <= 256.
+  const int64_t* rope_pos = nullptr;  // [n_queries]
+  const float* rope_inv_freq = nullptr;  // [rope_n_freq]
+  int rope_n_freq = 0;
+  uint16_t* out16 = nullptr;  // [n_queries, 64, 512], 8-byte aligned
+  bool out16_f16 = false;
 };
 constexpr int kAttnHeads = 64;
 constexpr int kAttnDim = 512;

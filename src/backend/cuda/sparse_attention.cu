@@ -38,6 +38,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/rope.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
@@ -219,6 +220,41 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
   }
 }
 
+// The output epilogue (SparseAttentionArgs::rope_pos / out16) on dims 4 * tid .. 4 * tid + 3 of head h of
+// query qi, final values v: the RoPE dims hold two whole pairs per thread (the rotated block starts at a
+// multiple of 4: rope_n_freq is even), rotated as glue's heads_norm_rope(inverse) does, then written.
+__device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, int h, int tid, float4 v) {
+  const int r0 = kD - 2 * a.rope_n_freq;
+  if (a.rope_pos && 4 * tid >= r0) {
+    const int64_t pos = a.rope_pos[qi];
+    const int i = (4 * tid - r0) / 2;
+    const float2 x = rope_rotate(v.x, v.y, pos, a.rope_inv_freq[i], true);
+    const float2 y = rope_rotate(v.z, v.w, pos, a.rope_inv_freq[i + 1], true);
+    v = make_float4(x.x, x.y, y.x, y.y);
+  }
+  const int64_t o = (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid;
+  *reinterpret_cast<float4*>(a.out + o) = v;
+  if (a.out16) {
+    uint2 b;
+    if (a.out16_f16) {
+      const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+    *reinterpret_cast<uint2*>(a.out16 + o) = b;
+  }
+}
+
+// The epilogue alone (no split: the attention kernel wrote out), same CTA layout as the combine.
+__global__ void __launch_bounds__(128) epilogue_kernel(SparseAttentionArgs a) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int qi = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
+  const float4 v = *reinterpret_cast<const float4*>(a.out + (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid);
+  write_out(a, qi, h, tid, v);
+}
+
 // One CTA of 128 threads per (query, head): merges the split partials with the sink (section 1.4 item 6).
 // The partials' (m, l) are read in parallel and every thread forms the same weights and the same L in split
 // order; the 128 threads then add their 4 dims over the splits with independent loads (fixed order).
@@ -257,8 +293,7 @@ __global__ void __launch_bounds__(128) combine_kernel(Params p) {
     o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
-  *reinterpret_cast<float4*>(p.a.out + (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid) =
-      make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+  write_out(p.a, qi, h, tid, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
 }
 
 // ---- tensor-core kernel ----------------------------------------------------------------------------------
@@ -689,6 +724,11 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     fail("cuda::sparse_attention: KV rows must be ", align, "-byte aligned (row_bytes ", a.row_bytes, ")");
   if (reinterpret_cast<uintptr_t>(a.q) % 16 || reinterpret_cast<uintptr_t>(a.out) % 16)
     fail("cuda::sparse_attention: q and out must be 16-byte aligned");
+  if (a.rope_pos && (!a.rope_inv_freq || a.rope_n_freq <= 0 || a.rope_n_freq % 2 || 2 * a.rope_n_freq > kD))
+    fail("cuda::sparse_attention: the RoPE epilogue needs inverse frequencies and an even rope_n_freq in 2..",
+         kD / 2, " (got ", a.rope_n_freq, ")");
+  if (reinterpret_cast<uintptr_t>(a.out16) % 8) fail("cuda::sparse_attention: out16 must be 8-byte aligned");
+  const bool epilogue = a.rope_pos || a.out16;
   Params p{a, 1, 0, nullptr, nullptr};
   choose_split(a.n_queries, a.n_slots, &p.splits, &p.chunk);
   if (p.splits > 1) {
@@ -710,6 +750,9 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (p.splits > 1) {
     check(launch(combine_kernel, dim3(kH, a.n_queries), dim3(128), 0, stream, p), "combine_kernel launch");
     check(cudaGetLastError(), "sparse_attention combine launch");
+  } else if (epilogue) {
+    check(launch(epilogue_kernel, dim3(kH, a.n_queries), dim3(128), 0, stream, a), "epilogue_kernel launch");
+    check(cudaGetLastError(), "sparse_attention epilogue launch");
   }
 }
 

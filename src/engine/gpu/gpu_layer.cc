@@ -261,16 +261,24 @@ void GpuModel::Impl::attention(int li, int T) {
   sa.workspace = s.attn_ws;
   // Exact mode keeps the fp32 CUDA-core kernel; otherwise tensor cores with q and P split into bf16 hi + lo.
   sa.precision = opt.exact_linear ? cuda::AttnPrecision::kFp32 : cuda::AttnPrecision::kSplitBf16;
-  cuda::sparse_attention(sa, stream);
-  mark(li, "sparse_attention");
-  // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z (o cast to bf16 by the inverse RoPE).
+  // Grouped low-rank output: z_g = wo_a[g] · o_g, out = wo_b · z, o's 16-bit copy for the grouped GEMV.
   const int64_t G = c->o_groups, olr = c->o_lora_rank, gin = H * hd / G;
   DevLinear wo_a_group{L.wo_a.fmt, olr, gin, {}, {}};
   wo_a_group.d.w = L.wo_a.d.w;  // h16 checks the real weight's alignment
   const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(wo_a_group);
   const bool o_h16 = grouped_gemv && h16(wo_a_group, T);
-  glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true, stream,
-                        grouped_gemv ? s.xb : nullptr, o_h16);
+  // The inverse RoPE of o and its 16-bit copy: the attention's epilogue (in its split combine, no launch of
+  // its own) where the kernel supports the shape, else glue::heads_norm_rope (the same bits).
+  const bool rope_epilogue = hd == cuda::kAttnDim && n_freq % 2 == 0 && 2 * n_freq <= hd;
+  if (rope_epilogue) {
+    sa.rope_pos = pos, sa.rope_inv_freq = freq, sa.rope_n_freq = n_freq;
+    sa.out16 = grouped_gemv ? s.xb : nullptr, sa.out16_f16 = o_h16;
+  }
+  cuda::sparse_attention(sa, stream);
+  mark(li, "sparse_attention");
+  if (!rope_epilogue)
+    glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true,
+                          stream, grouped_gemv ? s.xb : nullptr, o_h16);
   mark(li, "inv_rope");
 
   Act16 zb;  // the 16-bit copy of z for wo_b, written by the grouped GEMV's epilogue (no cast launch)

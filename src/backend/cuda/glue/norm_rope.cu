@@ -3,6 +3,7 @@
 
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
+#include "backend/cuda/rope.cuh"
 
 namespace dsv4::glue {
 using namespace detail;
@@ -27,12 +28,9 @@ __global__ void embed_kernel(const uint16_t* __restrict__ embed, const int32_t* 
 __device__ __forceinline__ void rope_row(float* v, int dim, int64_t p, const float* inv_freq, int n_freq, bool inverse) {
   float* rr = v + (dim - 2 * n_freq);
   for (int i = threadIdx.x; i < n_freq; i += blockDim.x) {
-    const float angle = static_cast<float>(p) * inv_freq[i];
-    const float c = cosf(angle);
-    const float s = inverse ? -sinf(angle) : sinf(angle);
-    const float a = rr[2 * i], b = rr[2 * i + 1];
-    rr[2 * i] = a * c - b * s;
-    rr[2 * i + 1] = b * c + a * s;
+    const float2 r = cuda::rope_rotate(rr[2 * i], rr[2 * i + 1], p, inv_freq[i], inverse);
+    rr[2 * i] = r.x;
+    rr[2 * i + 1] = r.y;
   }
 }
 

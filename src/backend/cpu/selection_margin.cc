@@ -1,0 +1,29 @@
+#include "backend/cpu/selection_margin.h"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+namespace dsv4::cpu {
+namespace {
+std::atomic<bool> g_on{false};
+std::atomic<double> g_min{std::numeric_limits<double>::infinity()};
+}  // namespace
+
+void selection_margin_track(bool on) {
+  g_on.store(on);
+  selection_margin_reset();
+}
+void selection_margin_reset() { g_min.store(std::numeric_limits<double>::infinity()); }
+double selection_margin() { return g_min.load(); }
+
+void note_selection_gap(float a, float b) {
+  if (!g_on.load(std::memory_order_relaxed)) return;
+  const double da = a, db = b, scale = std::max(std::fabs(da), std::fabs(db));
+  const double m = scale > 0 ? (da - db) / scale : 0.0;
+  double cur = g_min.load();
+  while (m < cur && !g_min.compare_exchange_weak(cur, m)) {
+  }
+}
+
+}  // namespace dsv4::cpu
