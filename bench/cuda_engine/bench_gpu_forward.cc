@@ -7,6 +7,7 @@
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
+//                     [--moe-lean-w2]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -16,6 +17,7 @@
 // --bf16-act: GpuOptions::f16_activations off (the FP8 GEMVs read bf16 activations, as before 2026-11-30).
 // --moe-warps N: warps per block of the MoE decode kernels (cudalin::set_moe_block_warps; default 4).
 // --gemv-warps N: warps per block of the decode GEMV (cudalin::set_gemv_block_warps; default 8).
+// --moe-lean-w2: the MoE w2 decode kernel without activation prefetch at T <= 8 (cudalin::set_moe_lean_w2).
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -138,6 +140,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
+    else if (a == "--moe-lean-w2") cudalin::set_moe_lean_w2(true);
     else if (a == "--gemv-warps") cudalin::set_gemv_block_warps(std::atoi(next().c_str()));
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }

@@ -146,6 +146,7 @@ void bench_copy() {
 }
 
 cudalin::ActFormat g_act = cudalin::ActFormat::kBf16;  // activations of the FP8 GEMV rows (--f16-ab)
+std::string g_moe_tag;  // appended to the MoE rows' names (--diag: block size, lean w2)
 
 // resident: one weight, read again by every call, so it stays in L2 (what the kernel costs without DRAM).
 void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick, bool peer_and_v1 = true,
@@ -267,7 +268,8 @@ void bench_moe(bool quick, bool sweep = false, bool alias = false) {
         char name[160];
         std::snprintf(name, sizeof name, "moe MXFP4 T=%d %s (%.1f experts)%s%s", T, mode == 0 ? "random top-6" : "same 6 experts",
                       uniq, sweep ? (" ks=" + std::to_string(ks)).c_str() : "",
-                      (std::string(g_act == cudalin::ActFormat::kF16 ? " f16" : "") + (alias ? " L2-resident" : "")).c_str());
+                      (std::string(g_act == cudalin::ActFormat::kF16 ? " f16" : "") + (alias ? " L2-resident" : "") +
+                       g_moe_tag).c_str());
         rows_out.push_back({name, v1, us, gr, bytes, bytes / g_copy_bw * 1e6, -1, g_nopdl});
         std::printf("%s: v1 %.2f us, v2 %.2f us, v2 graph %.2f us (%.0f GB/s), no PDL %.2f us\n", name, v1, us, gr,
                     bytes / gr * 1e-3, g_nopdl);
@@ -334,9 +336,15 @@ int main(int argc, char** argv) {
     }
     for (int mw : {4, 8}) {
       cudalin::set_moe_block_warps(mw);
+      g_moe_tag = " " + std::to_string(mw) + "-warp blocks";
       for (bool alias : {false, true}) bench_moe(true, false, alias);
     }
     cudalin::set_moe_block_warps(4);
+    cudalin::set_moe_lean_w2(true);
+    g_moe_tag = " 4-warp blocks, lean w2";
+    for (bool alias : {false, true}) bench_moe(true, false, alias);
+    cudalin::set_moe_lean_w2(false);
+    g_moe_tag.clear();
     print_rows();
     return 0;
   }

@@ -34,7 +34,9 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
     else xb[i] = f32_to_bf16(xf[i] * x_scale), xf[i] = bf16_to_f32(xb[i]);
   }
   const cudalin::ActFormat act = h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16;
-  if (h16) EXPECT_TRUE(cudalin::moe_scales_fit_f16(s, X.dev->p, nullptr)) << "scales " << e_lo << ".." << e_hi;
+  if (h16) {
+    EXPECT_TRUE(cudalin::moe_scales_fit_f16(s, X.dev->p, nullptr)) << "scales " << e_lo << ".." << e_hi;
+  }
   const std::vector<int32_t> idx = make_routes(rng, route, T, s);
   std::vector<float> wts(idx.size());
   std::uniform_real_distribution<float> wd(0.05f, 0.5f);
@@ -176,6 +178,31 @@ TEST(CudaMoeDecode, EightWarpBlocks) {
   }
   cudalin::set_moe_ksplit(0);
   cudalin::set_moe_block_warps(4);
+}
+
+// The lean w2 kernel (set_moe_lean_w2: T <= 8 without activation prefetch, more blocks per SM, so other K
+// splits), both activation formats, every forced split on the short shape, 8-warp blocks, and T = 9, where it
+// does not apply.
+TEST(CudaMoeDecode, LeanW2) {
+  DSV4_REQUIRE_GPU();
+  cudalin::set_moe_lean_w2(true);
+  for (int T : {1, 3, 8, 9}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 900 + T);
+  run_case(small_shape(), 1, Route::kRandom, 1.f, false, 910, true);
+  run_case(small_shape(), 5, Route::kRandom, 12.f, true, 911, true);
+  cudalin::MoeShape s = small_shape();
+  s.hidden = 1152, s.inter = 384;
+  for (int ks : {1, 2, 4, 8}) {
+    cudalin::set_moe_ksplit(ks);
+    run_case(s, 2, Route::kLoads01All, 1.f, false, 920 + ks, true);
+  }
+  cudalin::set_moe_ksplit(0);
+  cudalin::set_moe_block_warps(8);
+  run_case(small_shape(), 1, Route::kRandom, 1.f, false, 930, true);
+  cudalin::set_moe_block_warps(4);
+  cudalin::MoeShape f;  // V4-Flash width, 10 experts
+  f.n_experts = 10;
+  run_case(f, 1, Route::kRandom, 1.f, false, 940, true);
+  cudalin::set_moe_lean_w2(false);
 }
 
 TEST(CudaMoeDecode, Version1) {

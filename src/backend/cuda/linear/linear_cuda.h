@@ -121,6 +121,10 @@ void moe_workspace_destroy(MoeWorkspace& ws);
 void set_moe_ksplit(int ks);
 // v2 knob: warps per block of the MoE decode kernels, 4 (default) or 8 (the first v2 layout).
 void set_moe_block_warps(int warps);
+// v2 knob (off by default; an experiment not yet measured, docs/NOTES.md): at T <= 8 the w2 kernel without
+// activation prefetch, 80 registers, 6 blocks per SM, so twice the K splits at one token. Same results bit
+// for bit only when the split count does not change; otherwise the fp32 partials add in another grouping.
+void set_moe_lean_w2(bool on);
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,

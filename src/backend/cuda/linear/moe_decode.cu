@@ -24,6 +24,7 @@ namespace {
 constexpr int kMaxExperts = 1024;
 int g_force_moe_ks = 0;
 int g_moe_warps = 4;  // set_moe_block_warps
+bool g_moe_lean_w2 = false;  // set_moe_lean_w2
 
 // meta layout (ints): [0] n_active | [1, 1+E) active expert ids | [1+E, 2+2E) offsets into the pair lists |
 // [2+2E, 2+2E+P) token of each grouped pair | [2+2E+P, 2+2E+2P) pair id t*top_k+k of each grouped pair.
@@ -249,6 +250,10 @@ constexpr int kMoeStages = 4;
 template <int NMAT, int MW>
 constexpr int moe2_smem() { return MW * dev::ring_bytes_per_warp<true, NMAT, kMoeStages>(); }
 constexpr int moe2_min_blocks(int nt, int mw) { return nt <= 2 ? 16 / mw : 8 / mw; }
+// The lean w2 kernel (set_moe_lean_w2, T <= 8): no activation prefetch, so it compiles to <= 80 registers with
+// no spill (ptxas, sm_90a and sm_120a) and 24 warps fit an SM (6 blocks of 4 warps; shared memory allows 7);
+// the split picker then doubles the K splits at one token (768 blocks of 4 warps instead of 384 in 792 slots).
+constexpr int lean_w2_blocks(int mw) { return 24 / mw; }
 
 struct Moe2Args {
   const DevExpert* ex;
@@ -337,8 +342,8 @@ __device__ __forceinline__ void combine_rows(const Moe2Args& a, int t, int r0, i
   }
 }
 
-template <int NT, bool H16, int MW>
-__global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w2_v2_kernel(Moe2Args a) {
+template <int NT, bool H16, int MW, bool LEAN = false>
+__global__ void __launch_bounds__(MW * 32, LEAN ? lean_w2_blocks(MW) : moe2_min_blocks(NT, MW)) w2_v2_kernel(Moe2Args a) {
   extern __shared__ uint4 ring[];
   __shared__ float red[MW][128];
   __shared__ int s_pid[kMaxPairs];
@@ -379,8 +384,8 @@ __global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w2_v2_kernel
     const int nt_valid = min(NT, (sl.ntok - base + 7) / 8);
     float acc[1][NT][4] = {};
     if (tile < tiles)
-      dev::stream_warp<true, NT, 1, kMoeStages, H16>(ring + warp * kRing, W, S, false, a.inter, int64_t(tile) * 16, cb,
-                                                     ce, nt_valid, xr, acc);
+      dev::stream_warp<true, NT, 1, kMoeStages, H16, LEAN ? 0 : -1>(ring + warp * kRing, W, S, false, a.inter,
+                                                                   int64_t(tile) * 16, cb, ce, nt_valid, xr, acc);
     float(*const parts[1])[128] = {red};
     dev::reduce_tiles<1, NT>(parts, acc, nt_valid, tpb, ksb, [&](int nt, int tl, int r, int col, const float (&v)[1]) {
       const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
@@ -417,6 +422,10 @@ struct Moe2 {
     static const int n = occupancy(w2_v2_kernel<NT, H16, MW>, moe2_smem<1, MW>());
     return n;
   }
+  static int occ2_lean() {  // NT == 1 only
+    static const int n = occupancy(w2_v2_kernel<1, H16, MW, true>, moe2_smem<1, MW>());
+    return n;
+  }
   template <typename K>
   static int occupancy(K* kernel, int smem) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
@@ -441,6 +450,15 @@ struct Moe2 {
     const int tpb13 = MW / a.ksb;
     launch_pdl_threads(w13_v2_kernel<NT, H16, MW>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), MW * 32,
                        moe2_smem<2, MW>(), s, a);
+    if constexpr (NT == 1) {
+      if (g_moe_lean_w2) {
+        a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2_lean());
+        const int tpb2 = MW / a.ksb;
+        launch_pdl_threads(w2_v2_kernel<NT, H16, MW, true>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active),
+                           MW * 32, moe2_smem<1, MW>(), s, a);
+        return;
+      }
+    }
     a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2());
     const int tpb2 = MW / a.ksb;
     launch_pdl_threads(w2_v2_kernel<NT, H16, MW>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), MW * 32,
@@ -491,6 +509,7 @@ int chunks_per_warp(int K, const char* what, const MoeShape& s) {
 }  // namespace
 
 void set_moe_ksplit(int ks) { g_force_moe_ks = ks; }
+void set_moe_lean_w2(bool on) { g_moe_lean_w2 = on; }
 void set_moe_block_warps(int warps) {
   if (warps != 4 && warps != 8) throw Error(str_cat("cuda moe_decode: ", warps, " warps per block (4 or 8)"));
   g_moe_warps = warps;

@@ -98,13 +98,15 @@ __device__ __forceinline__ void load_act_lane(Act32& a, const uint16_t* p) {
   }
 }
 
-template <bool FP4, int NT, int NMAT, int STAGES, bool H16 = false>
+// PREFETCH: the activations of the next chunk are loaded during this one (two register sets) when NT == 1
+// (-1, the default), never (0: ~30 fewer registers, so more blocks fit an SM), or always (1).
+template <bool FP4, int NT, int NMAT, int STAGES, bool H16 = false, int PREFETCH = -1>
 __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&W)[NMAT],
                                             const uint8_t* const (&S)[NMAT], bool sf32, int64_t K, int64_t row0,
                                             int cb, int ce, int nt_valid, const uint16_t* const (&xr)[NT],
                                             float (&acc)[NMAT][NT][4]) {
   constexpr int U4 = RingGeom<FP4>::kU4;
-  constexpr bool PF = NT == 1;  // activation prefetch only where registers allow
+  constexpr bool PF = PREFETCH < 0 ? NT == 1 : PREFETCH == 1;  // activation prefetch where registers allow
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n = ce - cb;
   if (n <= 0) {
