@@ -75,6 +75,17 @@ if [ "${LIN_NCU:-0}" = 1 ]; then
     echo "ncu not found"
   fi
 fi
+# LIN_SASS="regex": static SASS instruction counts of the matching kernels (scripts/gpu/sass_count.py) from the
+# freshly built library (needs the build above, not prebuilt binaries).
+if [ -n "${LIN_SASS:-}" ]; then
+  LIB=$(find $B -name libdsv4_cuda_linear.a | head -1)
+  if [ -n "$LIB" ] && command -v cuobjdump > /dev/null; then
+    cuobjdump -sass -arch sm_90a "$LIB" > "$RESULTS/sass.txt" 2>&1
+    python3 scripts/gpu/sass_count.py "$LIN_SASS" < "$RESULTS/sass.txt" | tee "$FINAL/sass_counts.txt" | head -60
+  else
+    echo "no library or no cuobjdump for LIN_SASS"
+  fi
+fi
 echo "== $(date -u +%F) $(tail -1 "$RESULTS/gpu.txt")"
 grep -hE "^(gemv|moe|prefill) " "$RESULTS"/test_cuda_*.log | sort | uniq > "$RESULTS/errors.txt"
 echo "== worst test errors (gemv by rel_norm, moe by float64-model error)"
