@@ -38,7 +38,7 @@ int cmd_run(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
           "kv-cache-dtype", "chunk", "tokenizer", "device", "max-model-len"},
-         {"help", "ids", "quiet"});
+         {"help", "ids", "quiet", "act-quant"});
   if (a.has("help")) {
     std::printf(
         "dsv4 run [--model DIR] (--prompt TEXT | --prompt-ids 0,1,2) [--max-tokens 32]\n"
@@ -46,12 +46,14 @@ int cmd_run(int argc, char** argv) {
         "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt;\n"
         "          cuda: N tokens per prefill step, 0 = 512, 1 = token by token)]\n"
         "         [--device cpu|cuda] [--max-model-len N (cuda: positions to reserve, default 4096)]\n"
+        "         [--act-quant (cpu: FP8 activations before the FP8 / MXFP4 linears, as DeepSeek's reference)]\n"
         "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
     return 0;
   }
   RunnerOptions ro;
   ro.kv_dtype = parse_kv_dtype(a.get("kv-cache-dtype", "bf16"));
   ro.device = a.get("device", "cpu");
+  ro.act_quant = a.has("act-quant");
   ro.max_model_len = a.get_int("max-model-len", 0);
   if (ro.max_model_len < 0) fail("--max-model-len must be >= 0");
   SamplingParams sp;

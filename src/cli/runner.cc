@@ -9,10 +9,17 @@ namespace dsv4::cli {
 
 namespace {
 
+EngineOptions engine_options(const RunnerOptions& o) {
+  EngineOptions e;
+  e.kv_dtype = o.kv_dtype;
+  e.act_quant = o.act_quant;
+  return e;
+}
+
 class CpuRunner : public Runner {
  public:
   CpuRunner(const std::string& dir, const RunnerOptions& o)
-      : model_(Model::load(dir, EngineOptions{o.kv_dtype})), seq_(model_->new_sequence()) {}
+      : model_(Model::load(dir, engine_options(o))), seq_(model_->new_sequence()) {}
   const ModelConfig& config() const override { return model_->config(); }
   std::vector<float> feed(const std::vector<int32_t>& tokens, size_t chunk) override {
     std::vector<float> last;
@@ -70,6 +77,7 @@ class GpuRunner : public Runner {
 std::unique_ptr<Runner> make_runner(const std::string& dir, const RunnerOptions& o) {
   if (o.device == "cpu") return std::make_unique<CpuRunner>(dir, o);
   if (o.device == "cuda") {
+    if (o.act_quant) fail("--act-quant: the FP8 activation quantization is implemented on the CPU only (--device cpu)");
 #ifdef DSV4_HAVE_CUDA
     return std::make_unique<GpuRunner>(dir, o);
 #else

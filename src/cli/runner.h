@@ -26,6 +26,7 @@ struct RunnerOptions {
   KvDtype kv_dtype = KvDtype::kBF16;
   int64_t max_model_len = 0;   // cuda: positions to reserve (0 = 4096)
   int prefill_chunk = 0;       // cuda: tokens per prefill step (GpuOptions::prefill_chunk; 0 or 1 = token by token)
+  bool act_quant = false;      // cpu: EngineOptions::act_quant (the DeepSeek reference's FP8 activations)
 };
 
 // Throws dsv4::Error naming the device when it is unknown or not built in.

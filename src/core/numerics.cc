@@ -1,5 +1,6 @@
 #include "core/numerics.h"
 
+#include <algorithm>
 #include <array>
 
 namespace dsv4 {
@@ -61,6 +62,21 @@ uint8_t f32_to_fp4_e2m1(float f) {
     if (d < bd || (d == bd && (c & 1) == 0)) { bd = d; best = c; }
   }
   return sign | static_cast<uint8_t>(best);
+}
+
+int e4m3_block_exponent(const float* x, int64_t n) {
+  float amax = 1e-4f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return static_cast<int>(std::ceil(std::log2(amax / 448.0f)));
+}
+
+void act_quant_e4m3(const float* x, int64_t n, int block, float* out) {
+  const float* table = fp8_e4m3_table();
+  for (int64_t b = 0; b < n; b += block) {
+    const int64_t m = std::min<int64_t>(block, n - b);
+    const float scale = std::ldexp(1.0f, e4m3_block_exponent(x + b, m));
+    for (int64_t i = b; i < b + m; ++i) out[i] = table[f32_to_fp8_e4m3(x[i] / scale)] * scale;
+  }
 }
 
 }  // namespace dsv4

@@ -71,4 +71,12 @@ uint8_t f32_to_fp4_e2m1(float f);
 // Lookup table for all 256 e4m3 codes.
 const float* fp8_e4m3_table();
 
+// DeepSeek's act_quant scale of one block: the exponent e of 2^e = 2^ceil(log2(amax / 448)), amax = max |x[i]|
+// floored at 1e-4 (spec dsv4-model.md 3.3; also the fp8 KV rows' scales). The block's codes are
+// f32_to_fp8_e4m3(x[i] / 2^e).
+int e4m3_block_exponent(const float* x, int64_t n);
+// out = x quantized per token as the reference's act_quant does before an FP8 / FP4 GEMM and dequantized again:
+// blocks of `block` consecutive elements (the last may be shorter), each to e4m3 codes times its 2^e.
+void act_quant_e4m3(const float* x, int64_t n, int block, float* out);
+
 }  // namespace dsv4

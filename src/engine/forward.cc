@@ -27,6 +27,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const EngineOptions& 
   m->ck_ = Checkpoint::open(dir);
   m->w_ = bind_weights(*m->ck_);
   m->opt_ = opt;
+  if (opt.act_quant) {  // EngineOptions::act_quant: every FP8 / MXFP4 linear but wo_a (BF16 ones never quantize)
+    auto q = [](LinearWeight& w) { w.quant_act = w.fmt != WeightFormat::kBF16; };
+    for (LayerWeights& L : m->w_.layers) {
+      for (LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.index_wq_b, &L.e_proj, &L.h_proj}) q(*w);
+      for (LinearWeight* w : {&L.shared.w1, &L.shared.w2, &L.shared.w3}) q(*w);
+      for (ExpertWeights& e : L.experts)
+        for (LinearWeight* w : {&e.w1, &e.w2, &e.w3}) q(*w);
+    }
+  }
   const ModelConfig& c = m->config();
   m->rope_window_ = rope_inv_freq(c, false);
   m->rope_compressed_ = rope_inv_freq(c, true);

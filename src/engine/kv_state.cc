@@ -48,14 +48,12 @@ void KvCodec::encode(const float* x, uint8_t* out) const {
       }
       return;
     case KvDtype::kFP8: {
-      // Quantization as the reference's act_quant: scale = 2^ceil(log2(amax / 448)), amax floored at 1e-4.
+      // Quantization as the reference's act_quant (e4m3_block_exponent).
       const int nope = dim_ - rope_dim_;
       uint8_t* rope_out = out + nope;
       uint8_t* scales = out + nope + 2 * rope_dim_;
       for (int b = 0; b < nope / block_; ++b) {
-        float amax = 1e-4f;
-        for (int i = b * block_; i < (b + 1) * block_; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const int e = static_cast<int>(std::ceil(std::log2(amax / 448.0f)));
+        const int e = e4m3_block_exponent(x + b * block_, block_);
         const float scale = std::ldexp(1.0f, e);
         scales[b] = static_cast<uint8_t>(e + 127);
         for (int i = b * block_; i < (b + 1) * block_; ++i) out[i] = f32_to_fp8_e4m3(x[i] / scale);

@@ -16,6 +16,10 @@ namespace dsv4 {
 struct EngineOptions {
   KvDtype kv_dtype = KvDtype::kBF16;
   int page_rows = 64;  // compressed entries / indexer keys per page
+  // DeepSeek's reference numerics for the FP8 / MXFP4 linears: activations quantized per token to e4m3 in blocks
+  // of 128 (act_quant, spec dsv4-model.md 3.3) before every FP8 linear (wo_a excepted: the reference keeps it in
+  // bf16) and every expert. Off (default): fp32 activations, as transformers' DeepseekV4. CPU only for now.
+  bool act_quant = false;
 };
 
 struct SeqChunk {

@@ -18,6 +18,9 @@ struct LinearWeight {
   const uint8_t* scale = nullptr;     // FP8: [ceil(rows/B), ceil(cols/B)]; FP4: [rows, cols/32]
   bool scale_is_f32 = false;          // FP8 only: float32 scales (Flash-Base) instead of UE8M0
   int block = 128;                    // FP8 tile edge B
+  // FP8 / FP4 only: quantize the activations per token to e4m3 in blocks of 128 before the product, as
+  // DeepSeek's reference does (act_quant; EngineOptions::act_quant). Off: fp32 activations (transformers).
+  bool quant_act = false;
   size_t bytes() const;
 };
 

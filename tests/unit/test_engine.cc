@@ -4,6 +4,8 @@
 #include <cmath>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu/moe.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
@@ -60,6 +62,47 @@ TEST_F(DefaultModel, RollbackRestoresTheExactState) {
   run(*m, *fresh, prefix);
   EXPECT_EQ(run(*m, *fresh, b), lb) << "rolled-back state must equal a state that never saw the rejected tokens";
   EXPECT_EQ(s->length, 171);
+}
+
+// EngineOptions::act_quant (DeepSeek's act_quant before the FP8 / MXFP4 linears): a per-token operation, so a
+// prompt fed whole or in chunks gives bit-identical logits. Against fp32 activations it moves the logits by
+// about the e4m3 rounding: 2^-4 relative per activation at most, ~2^-4 / sqrt(3) = 3.6% in norm per linear
+// output with random signs, through the layers' linears. On the default model the router and the indexer
+// turn any such perturbation into different choices (an O(1) jump), so the bound is checked on a continuous
+// variant: every expert selected (n_routed_experts = top-k) and an indexer top-k above every entry count.
+TEST_F(DefaultModel, ActQuantIsPerTokenAndMovesLogitsByTheE4m3Rounding) {
+  nlohmann::json cfg = nlohmann::json::parse(default_model_config_json());
+  cfg["n_routed_experts"] = cfg["num_experts_per_tok"];
+  cfg["index_topk"] = 4096;
+  testing::TempDir cont("engine_continuous");
+  write_random_checkpoint(cfg.dump(), cont.str(), RandomCheckpointOptions{});
+  EngineOptions q;
+  q.act_quant = true;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 53 + 17) % 129280);
+  for (const std::string& dir : {dir_->str(), cont.str()}) {
+    auto m = Model::load(dir, q), plain = Model::load(dir);
+    auto whole = m->new_sequence();
+    const std::vector<float> a = run(*m, *whole, ids);
+    auto chunked = m->new_sequence();
+    std::vector<float> b;
+    for (size_t i = 0; i < ids.size(); i += 7) {
+      const std::vector<int32_t> part(ids.begin() + i, ids.begin() + std::min(ids.size(), i + 7));
+      const std::vector<float> l = run(*m, *chunked, part);
+      b.insert(b.end(), l.begin(), l.end());
+    }
+    EXPECT_EQ(a, b) << "act_quant logits depend on the chunking";
+    auto ps = plain->new_sequence();
+    const std::vector<float> p = run(*plain, *ps, ids);
+    ASSERT_EQ(a.size(), p.size());
+    double d2 = 0, p2 = 0;
+    for (size_t i = 0; i < a.size(); ++i) d2 += (double(a[i]) - p[i]) * (double(a[i]) - p[i]), p2 += double(p[i]) * p[i];
+    const double rel = std::sqrt(d2 / p2);
+    std::printf("%s model: act_quant vs fp32 activations, ||logit difference|| / ||logits|| = %.3e\n",
+                dir == cont.str() ? "continuous" : "default", rel);
+    EXPECT_GT(rel, 0.0) << "act_quant changed nothing";
+    if (dir == cont.str()) EXPECT_LT(rel, 0.1);  // measured 7.4e-2; a wrong block scale moves it by O(1)
+  }
 }
 
 TEST_F(DefaultModel, MtpStepRunsOnTheMainStreamsAndIsChunkInvariant) {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <vector>
 
 #include "backend/cpu/linear.h"
 #include "core/numerics.h"
@@ -105,6 +107,83 @@ TEST(Numerics, Fp8BlockDequantUsesTheTileScale) {
   EXPECT_EQ(row[127], 4.0f);
   EXPECT_EQ(row[128], 0.125f);
   EXPECT_EQ(row[199], 0.125f);
+}
+
+// act_quant (spec 3.3): per block of 128, scale 2^ceil(log2(max(amax, 1e-4) / 448)), codes to e4m3 with round to
+// nearest even, dequantized again. Checked against a brute-force nearest-e4m3 search (ties to the even code)
+// with the scale computed independently, and on hand-picked cases.
+TEST(Numerics, ActQuantE4m3PerBlockOf128) {
+  const float* tab = fp8_e4m3_table();
+  auto nearest = [&](double v) {  // the e4m3 value nearest to v (ties: even code), |v| <= 448
+    int best = 0;
+    for (int c = 0; c < 256; ++c) {
+      if (std::isnan(tab[c])) continue;
+      const double d = std::fabs(tab[c] - v), db = std::fabs(tab[best] - v);
+      if (d < db || (d == db && (c & 1) == 0 && (best & 1) == 1)) best = c;
+    }
+    return static_cast<double>(tab[best]);
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(130 + 128), out(x.size(), NAN);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * (i < 128 ? 3.0f : i < 256 ? 1e-3f : 1e-7f);
+  x[5] = -7.5f;  // the first block's amax
+  act_quant_e4m3(x.data(), static_cast<int64_t>(x.size()), 128, out.data());
+  for (size_t b = 0; b < x.size(); b += 128) {
+    const size_t e = std::min(x.size(), b + 128);
+    double amax = 1e-4;
+    for (size_t i = b; i < e; ++i) amax = std::max(amax, static_cast<double>(std::fabs(x[i])));
+    const double scale = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(static_cast<float>(amax) / 448.0f))));
+    for (size_t i = b; i < e; ++i)
+      ASSERT_EQ(static_cast<double>(out[i]), nearest(x[i] / scale) * scale) << "element " << i << " block " << b / 128;
+  }
+  // amax 7.5 -> scale 2^ceil(log2(7.5 / 448)) = 2^-5; 7.5 / 2^-5 = 240 is an e4m3 value.
+  EXPECT_EQ(out[5], -7.5f);
+  // The last block holds two values of ~1e-7: amax floored at 1e-4, scale 2^-22, both far below one code step
+  // of the largest codes but representable as e4m3 subnormals times 2^-22.
+  EXPECT_EQ(e4m3_block_exponent(x.data() + 256, 2), -22);
+  float one[2] = {1.0f + 0.03125f, 1.0f}, q[2];
+  act_quant_e4m3(one, 2, 128, q);  // amax 1.03 -> scale 2^-8: 264 lies between e4m3 256 and 288 -> 256
+  EXPECT_EQ(q[0], 1.0f);
+  EXPECT_EQ(q[1], 1.0f);
+}
+
+// A linear with LinearWeight::quant_act equals the plain linear on act_quant'ed activations, bit for bit, and
+// BF16 weights ignore the flag.
+TEST(Numerics, LinearQuantActQuantizesTheActivationsOnly) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  const int64_t rows = 16, cols = 256, T = 3, ld = 300;
+  std::vector<uint8_t> codes(rows * cols), sc = {125, 130};
+  for (auto& c : codes) c = static_cast<uint8_t>(rng() % 0x7E);
+  std::vector<float> x(T * ld), xq(T * cols), y1(T * rows), y2(T * rows);
+  for (auto& v : x) v = nd(rng);
+  for (int64_t t = 0; t < T; ++t) act_quant_e4m3(x.data() + t * ld, cols, 128, xq.data() + t * cols);
+  LinearWeight w;
+  w.fmt = WeightFormat::kFP8Block;
+  w.rows = rows;
+  w.cols = cols;
+  w.w = codes.data();
+  w.scale = sc.data();
+  w.quant_act = true;
+  cpu::linear_rows(w, 0, rows, x.data(), T, ld, y1.data(), rows);
+  w.quant_act = false;
+  cpu::linear_rows(w, 0, rows, xq.data(), T, cols, y2.data(), rows);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)));
+  cpu::linear_rows(w, 0, rows, x.data(), T, ld, y2.data(), rows);
+  EXPECT_NE(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "act_quant changed nothing";
+  std::vector<uint16_t> wb(rows * cols);
+  for (auto& v : wb) v = f32_to_bf16(nd(rng));
+  LinearWeight b;
+  b.fmt = WeightFormat::kBF16;
+  b.rows = rows;
+  b.cols = cols;
+  b.w = reinterpret_cast<const uint8_t*>(wb.data());
+  b.quant_act = true;
+  cpu::linear_rows(b, 0, rows, x.data(), T, ld, y1.data(), rows);
+  b.quant_act = false;
+  cpu::linear_rows(b, 0, rows, x.data(), T, ld, y2.data(), rows);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "BF16 weights must ignore quant_act";
 }
 
 }  // namespace

@@ -72,6 +72,12 @@ void dequant_row(const LinearWeight& w, int64_t row, float* out) {
 void linear_rows(const LinearWeight& w, int64_t row_begin, int64_t rows, const float* x, int64_t T,
                  int64_t x_stride, float* y, int64_t y_stride) {
   if (row_begin < 0 || row_begin + rows > w.rows) fail("linear ", w.name, ": row range out of bounds");
+  std::vector<float> xq;  // the activations as act_quant leaves them (LinearWeight::quant_act)
+  if (w.quant_act && w.fmt != WeightFormat::kBF16) {
+    xq.resize(static_cast<size_t>(T * w.cols));
+    for (int64_t t = 0; t < T; ++t) act_quant_e4m3(x + t * x_stride, w.cols, 128, xq.data() + t * w.cols);
+    x = xq.data(), x_stride = w.cols;
+  }
   constexpr int64_t kRowBlock = 8;  // rows dequantized together, then reused across all T inputs
   const int64_t K = w.cols;
   const int64_t nblocks = (rows + kRowBlock - 1) / kRowBlock;
