@@ -140,19 +140,19 @@ TEST(TopK, ManyExactTiesSelectTheKLowestIndices) {
   EXPECT_EQ(out[511], 9999);
 }
 
-// The selection-gap probe (test instrumentation of the GPU-vs-CPU comparisons): the relative gap between the
-// last selected and the first unselected score, the smallest since the reset; 0 for an exact tie across the
-// cut; nothing when every valid entry is selected or tracking is off.
+// The selection-gap probe (test instrumentation of the GPU-vs-CPU comparisons): the gap between the last
+// selected and the first unselected score over the row's largest |score|, the smallest since the reset; 0 for
+// an exact tie across the cut; nothing when every valid entry is selected or tracking is off.
 TEST(TopK, SelectionGapProbe) {
   std::vector<float> s = {1.0f, 5.0f, 3.0f, 4.0f, -INFINITY};
   int32_t out[3];
   cpu::topk_row(s.data(), 5, 2, out);  // tracking off
   EXPECT_TRUE(std::isinf(cpu::selection_margin()));
   cpu::selection_margin_track(true);
-  cpu::topk_row(s.data(), 5, 2, out);  // selected 5, 4; first unselected 3
-  EXPECT_DOUBLE_EQ(cpu::selection_margin(), (4.0 - 3.0) / 4.0);
+  cpu::topk_row(s.data(), 5, 2, out);  // selected 5, 4; first unselected 3; the row's largest |score| 5
+  EXPECT_DOUBLE_EQ(cpu::selection_margin(), (4.0 - 3.0) / 5.0);
   cpu::topk_row(s.data(), 5, 3, out);  // selected 5, 4, 3; next 1: a wider gap leaves the minimum alone
-  EXPECT_DOUBLE_EQ(cpu::selection_margin(), 0.25);
+  EXPECT_DOUBLE_EQ(cpu::selection_margin(), 0.2);
   cpu::selection_margin_reset();
   cpu::topk_row(s.data(), 5, 4, out);  // every valid entry selected: no cut, no gap
   EXPECT_TRUE(std::isinf(cpu::selection_margin()));

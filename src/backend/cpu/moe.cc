@@ -51,10 +51,11 @@ void moe_route(const ModelConfig& c, const LayerWeights& L, const float* x, int6
         return va > vb || (va == vb && a < bb);
       });
       std::copy(order.begin(), order.begin() + K, sel);
-      if (K < E) {  // the gap to the best unselected expert (test instrumentation, selection_margin.h)
-        float next = -INFINITY;
+      if (selection_margin_tracking() && K < E) {  // the gap to the best unselected expert (selection_margin.h)
+        float next = -INFINITY, scale = 0.0f;
         for (int e = K; e < E; ++e) next = std::max(next, s[order[e]] + b[order[e]]);
-        note_selection_gap(s[order[K - 1]] + b[order[K - 1]], next);
+        for (int e = 0; e < E; ++e) scale = std::max(scale, std::fabs(s[e] + b[e]));
+        note_selection_gap(s[order[K - 1]] + b[order[K - 1]], next, scale);
       }
     }
     float sum = 0.0f;

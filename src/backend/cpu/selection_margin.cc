@@ -1,5 +1,6 @@
 #include "backend/cpu/selection_margin.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -17,10 +18,12 @@ void selection_margin_track(bool on) {
 void selection_margin_reset() { g_min.store(std::numeric_limits<double>::infinity()); }
 double selection_margin() { return g_min.load(); }
 
-void note_selection_gap(float a, float b) {
-  if (!g_on.load(std::memory_order_relaxed)) return;
-  const double da = a, db = b, scale = std::max(std::fabs(da), std::fabs(db));
-  const double m = scale > 0 ? (da - db) / scale : 0.0;
+bool selection_margin_tracking() { return g_on.load(std::memory_order_relaxed); }
+
+void note_selection_gap(float a, float b, float scale) {
+  if (!selection_margin_tracking()) return;
+  const double s = std::max({std::fabs(double(a)), std::fabs(double(b)), std::fabs(double(scale))});
+  const double m = s > 0 ? (double(a) - double(b)) / s : 0.0;
   double cur = g_min.load();
   while (m < cur && !g_min.compare_exchange_weak(cur, m)) {
   }

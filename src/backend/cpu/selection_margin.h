@@ -11,7 +11,10 @@ namespace dsv4::cpu {
 void selection_margin_track(bool on);  // also resets
 void selection_margin_reset();         // to +inf
 double selection_margin();
-// (a - b) / max(|a|, |b|) for the last selected score a and the first unselected b (0 for an exact tie).
-void note_selection_gap(float a, float b);
+// (a - b) / scale for the last selected score a and the first unselected b (0 for an exact tie), scale = the
+// largest |score| of the row (a gap between two scores near zero is small against the row's rounding errors).
+void note_selection_gap(float a, float b, float scale);
+// Whether tracking is on (callers skip the work of finding the gap otherwise).
+bool selection_margin_tracking();
 
 }  // namespace dsv4::cpu

@@ -16,10 +16,11 @@ void topk_row(const float* scores, int64_t n, int k, int32_t* out) {
   const size_t take = std::min<size_t>(static_cast<size_t>(k), idx.size());
   auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
   std::nth_element(idx.begin(), idx.begin() + take, idx.end(), better);
-  if (take > 0 && take < idx.size()) {  // the first unselected entry is idx[take] (test instrumentation)
-    float last = scores[idx[0]];
+  if (selection_margin_tracking() && take > 0 && take < idx.size()) {  // the first unselected is idx[take]
+    float last = scores[idx[0]], scale = 0.0f;
     for (size_t i = 1; i < take; ++i) last = std::min(last, scores[idx[i]]);
-    note_selection_gap(last, scores[idx[take]]);
+    for (int32_t i : idx) scale = std::max(scale, std::fabs(scores[i]));
+    note_selection_gap(last, scores[idx[take]], scale);
   }
   std::sort(idx.begin(), idx.begin() + take);
   for (size_t i = 0; i < take; ++i) out[i] = idx[i];
