@@ -3,7 +3,8 @@
 code once, loops not unrolled further). Usage on the device machine:
   cuobjdump -sass -arch sm_90a LIBRARY_OR_BINARY | python3 scripts/gpu/sass_count.py [REGEX] [--ops N]
 Prints, for each function whose (mangled) name matches REGEX, the instruction total, the count inside its
-loops (instructions between a backward branch target and the branch), and the most frequent opcodes."""
+loops (instructions between a backward branch target and the branch), the most frequent opcodes, and its main
+loop (the smallest loop holding MMAs) with its own opcode counts."""
 import re
 import sys
 from collections import Counter
@@ -23,16 +24,36 @@ def parse(lines):
     return funcs
 
 
-def loop_instructions(ins):
-    """Instructions inside [target, branch] of every backward BRA (union of the ranges)."""
-    covered = set()
+def loops(ins):
+    """[lo, hi] address ranges of every backward BRA (target <= branch)."""
+    out = []
     for addr, op, args in ins:
         if op.startswith("BRA"):
             t = re.search(r"0x([0-9a-f]+)", args)
             if t and int(t.group(1), 16) <= addr:
-                lo = int(t.group(1), 16)
-                covered.update(a for a, _, _ in ins if lo <= a <= addr)
+                out.append((int(t.group(1), 16), addr))
+    return out
+
+
+def loop_instructions(ins):
+    """Instructions inside [target, branch] of every backward BRA (union of the ranges)."""
+    covered = set()
+    for lo, hi in loops(ins):
+        covered.update(a for a, _, _ in ins if lo <= a <= hi)
     return len(covered)
+
+
+def main_loop(ins):
+    """The smallest loop holding tensor-core instructions (HMMA / HGMMA / IMMA): (instructions, MMAs, opcodes)."""
+    best = None
+    for lo, hi in loops(ins):
+        body = [op for a, op, _ in ins if lo <= a <= hi]
+        mmas = sum(1 for op in body if op.startswith(("HMMA", "HGMMA", "IMMA", "QMMA")))
+        if mmas and (best is None or len(body) < len(best[0])):
+            best = (body, mmas)
+    if best is None:
+        return None
+    return len(best[0]), best[1], Counter(op.split(".")[0] for op in best[0])
 
 
 def main():
@@ -45,6 +66,10 @@ def main():
         ops = Counter(op.split(".")[0] for _, op, _ in ins)
         top = ", ".join(f"{o} {c}" for o, c in ops.most_common(n_ops))
         print(f"{name[:110]}\n  {len(ins)} instructions, {loop_instructions(ins)} inside loops; {top}")
+        ml = main_loop(ins)
+        if ml:
+            n, mmas, c = ml
+            print(f"  main loop: {n} instructions, {mmas} MMAs; " + ", ".join(f"{o} {k}" for o, k in c.most_common(n_ops)))
 
 
 if __name__ == "__main__":
