@@ -93,7 +93,8 @@ struct GreedyRun {
 // larger gaps may follow). Measured on the CPU for the selective model (cpu/selection_margin.h): the two seeds
 // whose exact-mode comparison failed on the H200 (99198635697 in run 9, 115574677948 in run 17 of
 // docs/PERFORMANCE.md) have gaps of 1.9e-7 and 3.7e-7; the seeds of runs 12 and 14, which passed, have
-// smallest gaps of 8.9e-6 and 5.3e-6 over 2 x 256 steps. Steps from the first near tie on are not compared.
+// smallest gaps of 8.9e-6 and 5.3e-6 over 2 x 256 steps (`tests/tools/selection_margins SEED` prints them).
+// Steps from the first near tie on are not compared.
 constexpr double kNearTie = 2e-6;
 
 // max |a - b| / max |b| over one logits row; NaN or inf in a gives inf (std::max would drop a NaN).

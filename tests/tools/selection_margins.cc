@@ -1,0 +1,64 @@
+// selection_margins SEED [STEPS]: replays the GPU engine test's selective model (tests/cuda_engine/
+// test_gpu_model.cc: the same config, checkpoint seed SEED + 1, the same two prompts) on the CPU alone, greedy
+// with f32 KV, and prints for every step of both sequences the smallest selection gap of the CPU reference's
+// top-k choices (cpu/selection_margin.h), so an exact-mode GPU failure of a seed can be told from a near tie
+// without a GPU. Not a test (no assertion); built with the tests. Figures in docs/GPU_ENGINE.md.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/selection_margin.h"
+#include "cuda_engine/attention_width_model.h"
+#include "engine/model.h"
+#include "model/random_checkpoint.h"
+
+using namespace dsv4;
+
+// test_gpu_model.cc's prompt().
+static std::vector<int32_t> prompt(int len, uint32_t seed) {
+  std::vector<int32_t> p;
+  uint32_t x = seed;
+  for (int i = 0; i < len; ++i) {
+    x = x * 1664525u + 1013904223u;
+    p.push_back(2 + static_cast<int32_t>((x >> 8) % 1000));
+  }
+  return p;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: selection_margins SEED [STEPS (default 256)]\n");
+    return 2;
+  }
+  const uint64_t seed = std::strtoull(argv[1], nullptr, 10);
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 256;
+  const std::string dir = (std::filesystem::temp_directory_path() / ("dsv4_margins_" + std::to_string(seed))).string();
+  RandomCheckpointOptions o;
+  o.seed = seed + 1;  // test_gpu_model.cc: the selective model is seed + 1
+  write_random_checkpoint(testing::attention_width_config({0, 4, 128, 4}, 16, 16), dir, o);
+  const std::vector<std::vector<int32_t>> prompts = {prompt(300, static_cast<uint32_t>(seed)),
+                                                     prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
+  EngineOptions eo;
+  eo.kv_dtype = KvDtype::kF32;
+  auto m = Model::load(dir, eo);
+  cpu::selection_margin_track(true);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = m->new_sequence();
+    std::vector<SeqChunk> b(1);
+    b[0].seq = s.get();
+    b[0].tokens = prompts[i];
+    for (int k = 0; k < steps; ++k) {
+      cpu::selection_margin_reset();
+      const auto out = m->forward(b);
+      const auto& l = out[0].logits;
+      const int32_t t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      std::printf("seq %zu step %d gap %.3e token %d\n", i, k, cpu::selection_margin(), t);
+      b[0].tokens = {t};
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
