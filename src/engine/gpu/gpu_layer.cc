@@ -267,19 +267,13 @@ void GpuModel::Impl::attention(int li, int T) {
   wo_a_group.d.w = L.wo_a.d.w;  // h16 checks the real weight's alignment
   const bool grouped_gemv = !opt.exact_linear && olr % 128 == 0 && gemv_applies(wo_a_group);
   const bool o_h16 = grouped_gemv && h16(wo_a_group, T);
-  // The inverse RoPE of o and its 16-bit copy: the attention's epilogue (in its split combine, no launch of
-  // its own) where the kernel supports the shape, else glue::heads_norm_rope (the same bits).
-  const bool rope_epilogue = hd == cuda::kAttnDim && n_freq % 2 == 0 && 2 * n_freq <= hd;
-  if (rope_epilogue) {
-    sa.rope_pos = pos, sa.rope_inv_freq = freq, sa.rope_n_freq = n_freq;
-    sa.out16 = grouped_gemv ? s.xb : nullptr, sa.out16_f16 = o_h16;
-  }
+  // The inverse RoPE of o and its 16-bit copy: the attention's output epilogue (in its split combine, no
+  // launch of its own; bit for bit glue::heads_norm_rope). The load refuses head_dim != 512 or RoPE dims != 64,
+  // so the epilogue always takes the shape (32 frequencies: even, 64 of the 512 dims).
+  sa.rope_pos = pos, sa.rope_inv_freq = freq, sa.rope_n_freq = n_freq;
+  sa.out16 = grouped_gemv ? s.xb : nullptr, sa.out16_f16 = o_h16;
   cuda::sparse_attention(sa, stream);
   mark(li, "sparse_attention");
-  if (!rope_epilogue)
-    glue::heads_norm_rope(s.o, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, false, eps, true,
-                          stream, grouped_gemv ? s.xb : nullptr, o_h16);
-  mark(li, "inv_rope");
 
   Act16 zb;  // the 16-bit copy of z for wo_b, written by the grouped GEMV's epilogue (no cast launch)
   if (grouped_gemv && T <= 64) {

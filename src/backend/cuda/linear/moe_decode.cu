@@ -450,19 +450,16 @@ struct Moe2 {
     const int tpb13 = MW / a.ksb;
     launch_pdl_threads(w13_v2_kernel<NT, H16, MW>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), MW * 32,
                        moe2_smem<2, MW>(), s, a);
+    // w2 with the K splits its occupancy allows (the lean variant: more blocks per SM, so more splits).
+    auto launch_w2 = [&](auto* kernel, int occ) {
+      a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ);
+      const int tpb2 = MW / a.ksb;
+      launch_pdl_threads(kernel, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), MW * 32, moe2_smem<1, MW>(), s, a);
+    };
     if constexpr (NT == 1) {
-      if (g_moe_lean_w2) {
-        a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2_lean());
-        const int tpb2 = MW / a.ksb;
-        launch_pdl_threads(w2_v2_kernel<NT, H16, MW, true>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active),
-                           MW * 32, moe2_smem<1, MW>(), s, a);
-        return;
-      }
+      if (g_moe_lean_w2) return launch_w2(w2_v2_kernel<NT, H16, MW, true>, occ2_lean());
     }
-    a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ2());
-    const int tpb2 = MW / a.ksb;
-    launch_pdl_threads(w2_v2_kernel<NT, H16, MW>, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), MW * 32,
-                       moe2_smem<1, MW>(), s, a);
+    launch_w2(w2_v2_kernel<NT, H16, MW>, occ2());
   }
 };
 
