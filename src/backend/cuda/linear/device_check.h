@@ -18,20 +18,23 @@ DeviceInfo device_info();
 // Throws dsv4::Error "CUDA error in <what>: <reason>" unless err is cudaSuccess.
 void check_cuda(cudaError_t err, const char* what);
 
+#ifdef __CUDACC__
 // Launch with programmatic dependent launch when enabled (cuda::set_pdl, backend/cuda/pdl.cuh): the kernel
 // may start while the preceding kernel in the stream finishes and must griddepcontrol.wait before reading
-// its results. 256 threads, as every kernel here.
-#ifdef __CUDACC__
-template <typename... KArgs, typename... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int smem, cudaStream_t s, Args&&... args) {
-  check_cuda(cuda::launch(kernel, grid, dim3(256), static_cast<size_t>(smem), s, std::forward<Args>(args)...),
-             "kernel launch");
-}
-// The same with `threads` per block.
+// its results.
 template <typename... KArgs, typename... Args>
 void launch_pdl_threads(void (*kernel)(KArgs...), dim3 grid, int threads, int smem, cudaStream_t s, Args&&... args) {
   check_cuda(cuda::launch(kernel, grid, dim3(threads), static_cast<size_t>(smem), s, std::forward<Args>(args)...),
              "kernel launch");
+}
+
+// Resident blocks per SM of a kernel at `threads` threads and `smem` dynamic bytes (after opting in to > 48 KB).
+template <typename K>
+int blocks_per_sm(K* kernel, int threads, int smem) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), "occupancy");
+  return n > 1 ? n : 1;
 }
 #endif
 

@@ -191,15 +191,6 @@ __global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_k
 void set_linear_pdl(bool on) { cuda::set_pdl(on); }
 namespace {
 
-// Resident blocks per SM of a kernel at `threads` threads and `smem` dynamic bytes (after opting in to > 48 KB).
-template <typename K>
-int blocks_per_sm(K* kernel, int threads, int smem) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
-  int n = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), "occupancy");
-  return std::max(n, 1);
-}
-
 template <bool FP4, int NT, bool H16, int MW>
 struct Gemv2 {
   static int occupancy() {

@@ -415,23 +415,16 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_w2_blocks(MW) : moe2_min_
 template <int NT, bool H16, int MW>
 struct Moe2 {
   static int occ13() {
-    static const int n = occupancy(w13_v2_kernel<NT, H16, MW>, moe2_smem<2, MW>());
+    static const int n = blocks_per_sm(w13_v2_kernel<NT, H16, MW>, MW * 32, moe2_smem<2, MW>());
     return n;
   }
   static int occ2() {
-    static const int n = occupancy(w2_v2_kernel<NT, H16, MW>, moe2_smem<1, MW>());
+    static const int n = blocks_per_sm(w2_v2_kernel<NT, H16, MW>, MW * 32, moe2_smem<1, MW>());
     return n;
   }
   static int occ2_lean() {  // NT == 1 only
-    static const int n = occupancy(w2_v2_kernel<1, H16, MW, true>, moe2_smem<1, MW>());
+    static const int n = blocks_per_sm(w2_v2_kernel<1, H16, MW, true>, MW * 32, moe2_smem<1, MW>());
     return n;
-  }
-  template <typename K>
-  static int occupancy(K* kernel, int smem) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
-    int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, MW * 32, smem), "occupancy");
-    return std::max(n, 1);
   }
   static void run(Moe2Args a, int max_active, cudaStream_t s) {
     const int sms = device_info().sm_count;
@@ -479,19 +472,19 @@ void launch_experts(int cpw13, int cpw2, dim3 g13, dim3 g2, const MoeArgs& a, cu
   check_cuda(cudaGetLastError(), "moe w2 launch");
 }
 
+// The n-tile count NT for T tokens (8 per tile, up to 64 tokens).
+template <bool H16, int MW>
+void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
+  if (T <= 8) Moe2<1, H16, MW>::run(a, max_active, stream);
+  else if (T <= 16) Moe2<2, H16, MW>::run(a, max_active, stream);
+  else if (T <= 32) Moe2<4, H16, MW>::run(a, max_active, stream);
+  else Moe2<8, H16, MW>::run(a, max_active, stream);
+}
+
 template <int MW>
 void run_v2(const Moe2Args& a, int T, bool h16, int max_active, cudaStream_t stream) {
-  if (h16) {
-    if (T <= 8) Moe2<1, true, MW>::run(a, max_active, stream);
-    else if (T <= 16) Moe2<2, true, MW>::run(a, max_active, stream);
-    else if (T <= 32) Moe2<4, true, MW>::run(a, max_active, stream);
-    else Moe2<8, true, MW>::run(a, max_active, stream);
-  } else {
-    if (T <= 8) Moe2<1, false, MW>::run(a, max_active, stream);
-    else if (T <= 16) Moe2<2, false, MW>::run(a, max_active, stream);
-    else if (T <= 32) Moe2<4, false, MW>::run(a, max_active, stream);
-    else Moe2<8, false, MW>::run(a, max_active, stream);
-  }
+  if (h16) run_v2_nt<true, MW>(a, T, max_active, stream);
+  else run_v2_nt<false, MW>(a, T, max_active, stream);
 }
 
 int chunks_per_warp(int K, const char* what, const MoeShape& s) {
