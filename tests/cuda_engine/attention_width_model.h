@@ -1,7 +1,8 @@
-// The GPU engine tests' random models: attention at the widths the CUDA kernels are built for (64 heads x
-// 512, indexer 64 x 128), everything else small (hidden 512, vocab 1024, 128-wide experts), window 64 so the
-// rings wrap. Layer schedule, expert count and indexer top-k vary per test.
+// The GPU engine tests' random models and prompts: attention at the widths the CUDA kernels are built for (64
+// heads x 512, indexer 64 x 128), everything else small (hidden 512, vocab 1024, 128-wide experts), window 64 so
+// the rings wrap. Layer schedule, expert count and indexer top-k vary per test.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,24 @@ inline std::string attention_width_config(const std::vector<int>& compress_ratio
       {"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
                                {"weight_block_size", {128, 128}}, {"activation_scheme", "dynamic"}}}};
   return j.dump(1);
+}
+
+// test_gpu_model's two models. Layers: 0 window + hash routing, 1 CSA, 2 HCA, 3 CSA. Window 64 so rings wrap;
+// index_topk 16 so the indexer selects among up to ~100 entries; 128-token HCA blocks close three times in
+// the longer sequence. "continuous": 2 experts top-2 and index_topk 128 (every selection keeps everything).
+inline std::string gpu_engine_test_config(bool selective) {
+  return attention_width_config({0, 4, 128, 4}, selective ? 16 : 2, selective ? 16 : 128);
+}
+
+// test_gpu_model's prompts: len token ids in 2 .. 1001 from a linear congruential generator.
+inline std::vector<int32_t> lcg_prompt(int len, uint32_t seed) {
+  std::vector<int32_t> p;
+  uint32_t x = seed;
+  for (int i = 0; i < len; ++i) {
+    x = x * 1664525u + 1013904223u;
+    p.push_back(2 + static_cast<int32_t>((x >> 8) % 1000));
+  }
+  return p;
 }
 
 }  // namespace dsv4::testing

@@ -41,13 +41,6 @@ namespace {
 
 using ::dsv4::testing::have_gpu;
 
-// Layers: 0 window + hash routing, 1 CSA, 2 HCA, 3 CSA. Window 64 so rings wrap; index_topk 16 so the
-// indexer selects among up to ~100 entries; 128-token HCA blocks close three times in the longer sequence.
-// "continuous": 2 experts top-2 and index_topk 128 (every selection keeps everything).
-std::string config_for(bool selective) {
-  return testing::attention_width_config({0, 4, 128, 4}, selective ? 16 : 2, selective ? 16 : 128);
-}
-
 constexpr int64_t kMaxLen = 1024;  // prompt 300 + 256 generated; context buckets 128 .. 1024
 
 // Options of every comparison: both sequences held at once, positions for the longer prompt + generation.
@@ -64,16 +57,6 @@ gpu::GpuOptions test_options(KvDtype kv, bool exact_linear = false, bool exact_m
 int n_generate() {
   const char* e = std::getenv("DSV4_GPU_ENGINE_TOKENS");
   return e ? std::max(2, std::atoi(e)) : 256;
-}
-
-std::vector<int32_t> prompt(int len, uint32_t seed) {
-  std::vector<int32_t> p;
-  uint32_t x = seed;
-  for (int i = 0; i < len; ++i) {
-    x = x * 1664525u + 1013904223u;
-    p.push_back(2 + static_cast<int32_t>((x >> 8) % 1000));
-  }
-  return p;
 }
 
 int32_t argmax(const float* v, int64_t n) {
@@ -125,9 +108,10 @@ class GpuEngine : public ::testing::Test {
                    ("dsv4_gpu_engine_" + std::to_string(seed % 1000000) + (sel ? "_sel" : "_cont"))).string();
       RandomCheckpointOptions o;
       o.seed = seed + sel;
-      write_random_checkpoint(config_for(sel == 1), dir_[sel], o);
+      write_random_checkpoint(testing::gpu_engine_test_config(sel == 1), dir_[sel], o);
     }
-    prompts_ = {prompt(300, static_cast<uint32_t>(seed)), prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
+    prompts_ = {testing::lcg_prompt(300, static_cast<uint32_t>(seed)),
+                testing::lcg_prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
   }
   static void TearDownTestSuite() {
     for (const std::string& d : dir_)
@@ -420,7 +404,7 @@ TEST_F(GpuEngine, BatchOf16MatchesCpuAndGraphsMatchEager) {
   DSV4_REQUIRE_GPU();
   constexpr int kSeqs = 16, kGen = 24;
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < kSeqs; ++i) prompts.push_back(prompt(20 + 7 * i, 1000 + i));
+  for (int i = 0; i < kSeqs; ++i) prompts.push_back(testing::lcg_prompt(20 + 7 * i, 1000 + i));
   // CPU: greedy, each sequence alone.
   EngineOptions eo;
   eo.kv_dtype = KvDtype::kF32;
@@ -507,7 +491,7 @@ TEST_F(GpuEngine, DecodeThroughputSmallModel) {
     for (int i = 0; i < batch; ++i) {
       seqs.push_back(m->new_sequence());
       b[i].seq = seqs.back().get();
-      b[i].tokens = prompt(64, 99 + i);
+      b[i].tokens = testing::lcg_prompt(64, 99 + i);
     }
     m->forward(b);
     const int steps = 128;

@@ -17,17 +17,6 @@
 
 using namespace dsv4;
 
-// test_gpu_model.cc's prompt().
-static std::vector<int32_t> prompt(int len, uint32_t seed) {
-  std::vector<int32_t> p;
-  uint32_t x = seed;
-  for (int i = 0; i < len; ++i) {
-    x = x * 1664525u + 1013904223u;
-    p.push_back(2 + static_cast<int32_t>((x >> 8) % 1000));
-  }
-  return p;
-}
-
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: selection_margins SEED [STEPS (default 256)]\n");
@@ -38,9 +27,9 @@ int main(int argc, char** argv) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("dsv4_margins_" + std::to_string(seed))).string();
   RandomCheckpointOptions o;
   o.seed = seed + 1;  // test_gpu_model.cc: the selective model is seed + 1
-  write_random_checkpoint(testing::attention_width_config({0, 4, 128, 4}, 16, 16), dir, o);
-  const std::vector<std::vector<int32_t>> prompts = {prompt(300, static_cast<uint32_t>(seed)),
-                                                     prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
+  write_random_checkpoint(testing::gpu_engine_test_config(true), dir, o);
+  const std::vector<std::vector<int32_t>> prompts = {testing::lcg_prompt(300, static_cast<uint32_t>(seed)),
+                                                     testing::lcg_prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
   EngineOptions eo;
   eo.kv_dtype = KvDtype::kF32;
   auto m = Model::load(dir, eo);
