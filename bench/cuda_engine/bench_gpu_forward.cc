@@ -7,7 +7,7 @@
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
-//                     [--moe-lean-w2]
+//                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -17,7 +17,9 @@
 // --bf16-act: GpuOptions::f16_activations off (the FP8 GEMVs read bf16 activations, as before 2026-11-30).
 // --moe-warps N: warps per block of the MoE decode kernels (cudalin::set_moe_block_warps; default 4).
 // --gemv-warps N: warps per block of the decode GEMV (cudalin::set_gemv_block_warps; default 8).
-// --moe-lean-w2: the MoE w2 decode kernel without activation prefetch at T <= 8 (cudalin::set_moe_lean_w2).
+// --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
+// --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
+//   tokens (default 1): off, w2, w13 or all (the default).
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -118,7 +120,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
-  bool overlap = true, f16_act = true;
+  bool overlap = true, f16_act = true, hc_one_kernel = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -139,8 +141,18 @@ int main(int argc, char** argv) {
     else if (a == "--moe-ks") cudalin::set_moe_ksplit(std::atoi(next().c_str()));
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--bf16-act") f16_act = false;
+    else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
-    else if (a == "--moe-lean-w2") cudalin::set_moe_lean_w2(true);
+    else if (a == "--moe-lean") {
+      const std::string v = next(), kind = v.substr(0, v.find(':'));
+      cudalin::MoeLean lean{kind == "w13" || kind == "all", kind == "w2" || kind == "all", 1};
+      if (v.find(':') != std::string::npos) lean.max_tokens = std::atoi(v.c_str() + v.find(':') + 1);
+      if (kind != "off" && kind != "w2" && kind != "w13" && kind != "all") {
+        std::fprintf(stderr, "--moe-lean %s: expected off, w2, w13 or all, optionally :TOKENS\n", v.c_str());
+        return 2;
+      }
+      cudalin::set_moe_lean(lean);
+    }
     else if (a == "--gemv-warps") cudalin::set_gemv_block_warps(std::atoi(next().c_str()));
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
@@ -160,6 +172,7 @@ int main(int argc, char** argv) {
     o.repeat_layers = repeat_layers;
     o.overlap_branches = overlap;
     o.f16_activations = f16_act;
+    o.hc_one_kernel = hc_one_kernel;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,

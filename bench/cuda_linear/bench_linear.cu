@@ -146,7 +146,7 @@ void bench_copy() {
 }
 
 cudalin::ActFormat g_act = cudalin::ActFormat::kBf16;  // activations of the FP8 GEMV rows (--f16-ab)
-std::string g_moe_tag;  // appended to the MoE rows' names (--diag: block size, lean w2)
+std::string g_moe_tag;  // appended to the MoE rows' names (--diag: which lean kernels)
 
 // resident: one weight, read again by every call, so it stays in L2 (what the kernel costs without DRAM).
 void bench_gemv(bool fp4, int64_t N, int64_t K, const std::vector<int>& Ts, bool quick, bool peer_and_v1 = true,
@@ -334,16 +334,18 @@ int main(int argc, char** argv) {
       bench_gemv(false, 32768, 1024, {1}, true, false, tag, res);
       bench_gemv(false, 1536, 4096, {1}, true, false, tag, res);
     }
-    for (int mw : {4, 8}) {
-      cudalin::set_moe_block_warps(mw);
-      g_moe_tag = " " + std::to_string(mw) + "-warp blocks";
+    // MoE rows: without the lean kernels, lean w2, lean w1/w3 and w2 (the default at one token); each for up
+    // to 8 tokens, so the T = 4 rows show whether the lean kernels should reach further.
+    const cudalin::MoeLean lean_default = cudalin::moe_lean();
+    const std::pair<cudalin::MoeLean, const char*> leans[] = {{{false, false, 0}, " lean off"},
+                                                             {{false, true, 8}, " lean w2"},
+                                                             {{true, true, 8}, " lean w13+w2"}};
+    for (const auto& [lean, tag] : leans) {
+      cudalin::set_moe_lean(lean);
+      g_moe_tag = tag;
       for (bool alias : {false, true}) bench_moe(true, false, alias);
     }
-    cudalin::set_moe_block_warps(4);
-    cudalin::set_moe_lean_w2(true);
-    g_moe_tag = " 4-warp blocks, lean w2";
-    for (bool alias : {false, true}) bench_moe(true, false, alias);
-    cudalin::set_moe_lean_w2(false);
+    cudalin::set_moe_lean(lean_default);
     g_moe_tag.clear();
     print_rows();
     return 0;

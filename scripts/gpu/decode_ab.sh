@@ -3,7 +3,8 @@
 #   1. the same decode with programmatic dependent launch off (--no-pdl), to compare with bench_flash's run,
 #      (NO_OVERLAP_AB=1) on one stream, and (MOE_KS_SWEEP="2 4 8") with the MoE decode kernels' K splits
 #      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations, (MOE_WARPS_AB=1) with 8-warp MoE blocks, (GEMV_WARPS_AB=1) with 4-warp GEMV blocks,
-#      (MOE_LEAN_AB=1) with the lean MoE w2 kernel;
+#      (MOE_LEAN_AB=1) without the lean MoE kernels and with lean w2 only (the default: lean w1/w3 and w2 at one token),
+#      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels);
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
 #      steps (scripts/gpu/ncu_summary.py);
@@ -29,7 +30,11 @@ BENCH_FLAGS=("$@")
 [ -n "${BF16_ACT_AB:-}" ] && ab bf16-act "with bf16 activations in the FP8 GEMVs (--bf16-act)" --bf16-act
 [ -n "${MOE_WARPS_AB:-}" ] && ab moe-warps8 "with 8-warp MoE blocks (--moe-warps 8)" --moe-warps 8
 [ -n "${GEMV_WARPS_AB:-}" ] && ab gemv-warps4 "with 4-warp GEMV blocks (--gemv-warps 4)" --gemv-warps 4
-[ -n "${MOE_LEAN_AB:-}" ] && ab moe-lean-w2 "with the lean MoE w2 kernel (--moe-lean-w2)" --moe-lean-w2
+[ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
+if [ -n "${MOE_LEAN_AB:-}" ]; then
+  ab moe-lean-off "without the lean MoE kernels (--moe-lean off)" --moe-lean off
+  ab moe-lean-w2 "with the lean MoE w2 kernel only (--moe-lean w2)" --moe-lean w2
+fi
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).
 for ks in ${MOE_KS_SWEEP:-}; do ab "moe-ks$ks" "with --moe-ks $ks" --moe-ks "$ks"; done
 [ -n "${NO_NCU:-}" ] && exit 0

@@ -6,8 +6,12 @@ Prints, for each function whose (mangled) name matches REGEX, the instruction to
 loops (instructions between a backward branch target and the branch), the most frequent opcodes, and its main
 loop (the smallest loop holding MMAs) with its own opcode counts."""
 import re
+import signal
 import sys
 from collections import Counter
+
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a reader such as `head` may stop early
 
 
 def parse(lines):

@@ -197,6 +197,69 @@ TEST(CudaMhc, FusedPostMatchesSeparateLaunches) {
 }
 
 // float64 Sinkhorn with the same steps as cpu::sinkhorn.
+// One token with HcArgs::counter: hc_pre / hc_head as one kernel (the last block finishes) must equal the two
+// launches bit for bit (h, x, post, comb and the bf16 / f16 copies), with and without the fused hc_post, on
+// every D path, three launches in a row (the counter re-arms itself: it must read 0 after each).
+TEST(CudaMhc, OneTokenKernelMatchesTwoLaunches) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 600);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (bool head : {false, true})
+    for (int64_t D : {32, 96, 4096, 7168})
+      for (bool fused : {false, true}) {
+        SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " D=" + std::to_string(D) +
+                     (fused ? " with the fused hc_post" : ""));
+        const int mix = head ? N : (2 + N) * N;
+        HcWeights w = random_weights(rng, mix, D, head ? 1 : 3);
+        std::vector<float> h(N * D), y(D), res(N * D), post(N), comb(N * N), nw(D);
+        for (float& v : h) v = nd(rng);
+        for (float& v : y) v = nd(rng);
+        for (float& v : res) v = nd(rng);
+        for (float& v : post) v = 2.0f / (1.0f + std::exp(-nd(rng)));
+        for (float& v : comb) v = std::fabs(nd(rng)) * 0.5f;
+        for (float& v : nw) v = 1.0f + 0.3f * nd(rng);
+        DeviceBuffer<float> dy(y.size()), dr(res.size()), dp(post.size()), dc(comb.size()), dfn(w.fn.size()),
+            dbase(w.base.size()), dscale(w.scale.size()), dnw(D);
+        dy.upload(y); dr.upload(res); dp.upload(post); dc.upload(comb); dfn.upload(w.fn); dbase.upload(w.base);
+        dscale.upload(w.scale); dnw.upload(nw);
+        DeviceBuffer<int> counter(1);
+        ASSERT_EQ(cudaMemset(counter.get(), 0, sizeof(int)), cudaSuccess);
+        std::vector<std::vector<uint8_t>> want;
+        for (int run = 0; run < 4; ++run) {  // run 0: two launches; 1..3: one kernel
+          DeviceBuffer<float> dh(h.size()), dx(D), dpo(N), dco(N * N);
+          DeviceBuffer<uint16_t> dxb(D), dxh(D);
+          DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(1, D));
+          dh.upload(h);
+          dx.poison(); dpo.poison(); dco.poison(); dxb.poison(); dxh.poison(); ws.poison();
+          cuda::HcArgs a;
+          a.n_tokens = 1; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
+          a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get(); a.workspace = ws.get(); a.norm_w = dnw.get();
+          a.xb = dxb.get(); a.xh = dxh.get();
+          if (fused) a.prev_y = dy.get(), a.prev_res = dr.get(), a.prev_post = dp.get(), a.prev_comb = dc.get();
+          if (run > 0) a.counter = counter.get();
+          if (head) cuda::hc_head(a, nullptr);
+          else cuda::hc_pre(a, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          auto bytes = [](const auto& v) {
+            const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+            return std::vector<uint8_t>(p, p + v.size() * sizeof(v[0]));
+          };
+          std::vector<std::vector<uint8_t>> got = {bytes(dh.download()), bytes(dx.download()), bytes(dxb.download()),
+                                                   bytes(dxh.download())};
+          if (!head) got.push_back(bytes(dpo.download())), got.push_back(bytes(dco.download()));
+          if (run == 0) {
+            want = got;
+            continue;
+          }
+          const char* names[] = {"h", "x", "xb", "xh", "post", "comb"};
+          for (size_t i = 0; i < want.size(); ++i)
+            EXPECT_EQ(want[i], got[i]) << names[i] << " differs between one kernel (launch " << run
+                                       << ") and two launches";
+          EXPECT_EQ(counter.download()[0], 0) << "the counter is not re-armed after launch " << run;
+        }
+      }
+}
+
 void sinkhorn64(double* c, int iters, double eps) {
   for (int j = 0; j < N; ++j) {
     double mx = c[j * N];

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "backend/cpu/moe.h"
+#include "core/error.h"
 #include "linear_test_util.h"
 #include "moe_test_util.h"
 #include "model/config.h"
@@ -180,29 +181,37 @@ TEST(CudaMoeDecode, EightWarpBlocks) {
   cudalin::set_moe_block_warps(4);
 }
 
-// The lean w2 kernel (set_moe_lean_w2: T <= 8 without activation prefetch, more blocks per SM, so other K
-// splits), both activation formats, every forced split on the short shape, 8-warp blocks, and T = 9, where it
-// does not apply.
-TEST(CudaMoeDecode, LeanW2) {
+// The lean kernels (set_moe_lean: T <= 8 without activation prefetch, more blocks per SM, so other K splits;
+// w1/w3 with a 3-stage ring): none (the default uses both at T = 1), each alone and both; both activation
+// formats, every forced split on the short shape, 8-warp blocks, the V4-Flash width, and T = 9, where they do
+// not apply.
+TEST(CudaMoeDecode, LeanKernels) {
   DSV4_REQUIRE_GPU();
-  cudalin::set_moe_lean_w2(true);
-  for (int T : {1, 3, 8, 9}) run_case(small_shape(), T, Route::kRandom, 1.f, false, 900 + T);
-  run_case(small_shape(), 1, Route::kRandom, 1.f, false, 910, true);
-  run_case(small_shape(), 5, Route::kRandom, 12.f, true, 911, true);
-  cudalin::MoeShape s = small_shape();
-  s.hidden = 1152, s.inter = 384;
-  for (int ks : {1, 2, 4, 8}) {
-    cudalin::set_moe_ksplit(ks);
-    run_case(s, 2, Route::kLoads01All, 1.f, false, 920 + ks, true);
+  const cudalin::MoeLean saved = cudalin::moe_lean();
+  int seed = 900;
+  for (const cudalin::MoeLean lean : {cudalin::MoeLean{false, false, 0}, cudalin::MoeLean{false, true, 8},
+                                      cudalin::MoeLean{true, false, 8}, cudalin::MoeLean{true, true, 8}}) {
+    SCOPED_TRACE(std::string("lean w13 ") + (lean.w13 ? "on" : "off") + ", w2 " + (lean.w2 ? "on" : "off"));
+    cudalin::set_moe_lean(lean);
+    for (int T : {1, 3, 8, 9}) run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++);
+    run_case(small_shape(), 1, Route::kRandom, 1.f, false, seed++, true);
+    run_case(small_shape(), 5, Route::kRandom, 12.f, true, seed++, true);
+    cudalin::MoeShape s = small_shape();
+    s.hidden = 1152, s.inter = 384;
+    for (int ks : {1, 2, 4, 8}) {
+      cudalin::set_moe_ksplit(ks);
+      run_case(s, 2, Route::kLoads01All, 1.f, false, seed++, true);
+    }
+    cudalin::set_moe_ksplit(0);
+    cudalin::set_moe_block_warps(8);
+    run_case(small_shape(), 1, Route::kRandom, 1.f, false, seed++, true);
+    cudalin::set_moe_block_warps(4);
+    cudalin::MoeShape f;  // V4-Flash width, 10 experts
+    f.n_experts = 10;
+    run_case(f, 1, Route::kRandom, 1.f, false, seed++, true);
   }
-  cudalin::set_moe_ksplit(0);
-  cudalin::set_moe_block_warps(8);
-  run_case(small_shape(), 1, Route::kRandom, 1.f, false, 930, true);
-  cudalin::set_moe_block_warps(4);
-  cudalin::MoeShape f;  // V4-Flash width, 10 experts
-  f.n_experts = 10;
-  run_case(f, 1, Route::kRandom, 1.f, false, 940, true);
-  cudalin::set_moe_lean_w2(false);
+  EXPECT_THROW(cudalin::set_moe_lean({true, true, 9}), dsv4::Error);
+  cudalin::set_moe_lean(saved);
 }
 
 TEST(CudaMoeDecode, Version1) {

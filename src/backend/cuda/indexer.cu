@@ -475,7 +475,6 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
     int64_t per_query = (8LL * dev.sm_count + a.n_queries - 1) / a.n_queries;
     per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, n_tiles));
     check(launch(indexer_fp8_kernel, dim3(static_cast<unsigned>(per_query), a.n_queries), dim3(kThreads), 0, stream, a), "indexer_fp8_kernel launch");
-    check(cudaGetLastError(), "indexer_fp8_kernel launch");
     return;
   }
   // One wave of 4 CTAs per SM over all queries when possible, but at least kMinUnits units (of 32 keys) per
@@ -490,7 +489,6 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(per_query), static_cast<unsigned>(a.n_queries));
   if (fp4) launch_stream<IndexerKeyFormat::kMXFP4>(grid, stream, a, units_per_warp);
   else launch_stream<IndexerKeyFormat::kFP8>(grid, stream, a, units_per_warp);
-  check(cudaGetLastError(), "indexer_stream_kernel launch");
 }
 
 }  // namespace dsv4::cuda

@@ -86,7 +86,15 @@ struct HcArgs {
   const float* prev_res = nullptr;   // [n_tokens, n, dim]
   const float* prev_post = nullptr;  // [n_tokens, n]
   const float* prev_comb = nullptr;  // [n_tokens, n*n]
+  // Optional: a device int, zero before the first launch; every launch leaves it zero. With it a one-token
+  // launch runs as one kernel (the last block to finish its mixes does the finish) instead of two. It must
+  // not be shared by launches that may run at the same time.
+  int* counter = nullptr;
 };
+// hc_pre / hc_head fuse the previous hc_post (HcArgs::prev_*) into their decode mix kernel for at most this
+// many tokens; above it they launch hc_post on its own first. Callers that defer hc_post (the GPU engine)
+// gain a launch only up to here.
+constexpr int kHcFusedPostTokens = 8;
 // Enough for any launch of up to n_tokens tokens (the split-K factor depends on the token count).
 size_t hc_workspace_bytes(int n_tokens, int64_t dim);
 void hc_pre(const HcArgs& a, cudaStream_t stream);

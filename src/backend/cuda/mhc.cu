@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kThreads) hc_mix_kernel(const float* __restric
 // Decode (few tokens): the CTA-per-32-tokens kernel above leaves 31 of 32 lanes idle at one token. Here a
 // warp owns cpw chunks of 128 k (lane = 4 consecutive k, float4 loads of fn and h straight from global),
 // loops over the tokens, and reduces its M + 1 sums across lanes (butterfly, fixed order): one partial per
-// warp and token in the same workspace layout [KS][T][M+1] (KS = the number of warps).
-constexpr int kSmallMixTokens = 8;
+// warp and token in the same workspace layout [KS][T][M+1] (KS = the number of warps). It runs for up to
+// kHcFusedPostTokens tokens (kernels_compressor_mhc.h), the range in which it also fuses the pending hc_post.
 constexpr int kSmallMixWarps = 1;  // one warp per CTA: the K ranges spread over as many SMs
 int small_mix_cpw(int64_t dim) { return static_cast<int>((kN * dim / kKc + kMaxKs - 1) / kMaxKs); }
 int small_mix_ks(int64_t dim) {
@@ -156,46 +156,63 @@ __device__ __forceinline__ float4 post_float4(const float* __restrict__ y, const
   return s;
 }
 
+// fn is a weight (constant): the lines of K range w (chunks [w*cpw, (w+1)*cpw), all M rows) are sent to L2
+// before the kernel waits for its predecessor, so the mixes find them there. Threads tid of nthreads share it.
 template <int M>
-__global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(HcArgs a, int cpw, int ks_count) {
-  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  const int lane = threadIdx.x & 31, w = blockIdx.x * kSmallMixWarps + (threadIdx.x >> 5);
-  if (w >= ks_count) return;
-  const int n_tokens = a.n_tokens;
+__device__ __forceinline__ void prefetch_fn_l2(const HcArgs& a, int w, int cpw, int tid, int nthreads) {
+  const int64_t K = kN * a.dim, n_chunks = K / kKc, c0 = static_cast<int64_t>(w) * cpw, c1 = min(c0 + cpw, n_chunks);
+  const int lines = static_cast<int>((c1 - c0) * kKc / 32);  // 128-byte lines per fn row
+  for (int i = tid; i < M * lines; i += nthreads)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.fn + (i / lines) * K + c0 * kKc + (i % lines) * 32));
+}
+
+// One warp: token t's M + 1 sums over K range w (chunks [w*cpw, (w+1)*cpw)), reduced across lanes (butterfly,
+// fixed order) into the workspace [KS][T][M+1]; with HcArgs::prev_* it forms the previous hc_post's output for
+// its float4s first and writes it to h.
+template <int M>
+__device__ __forceinline__ void mix_token(const HcArgs& a, int w, int cpw, int t) {
+  const int lane = threadIdx.x & 31, n_tokens = a.n_tokens;
   const int64_t D = a.dim, K = kN * D;
   const float* __restrict__ fn = a.fn;
   float* __restrict__ ws = static_cast<float*>(a.workspace);
   const int64_t n_chunks = K / kKc, c0 = static_cast<int64_t>(w) * cpw, c1 = min(c0 + cpw, n_chunks);
-  for (int t = 0; t < n_tokens; ++t) {
-    float acc[M + 1];
+  float acc[M + 1];
 #pragma unroll
-    for (int m = 0; m <= M; ++m) acc[m] = 0.f;
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t k0 = c * kKc + 4 * lane;
-      float4 hv;
-      if (a.prev_y) {  // the fused hc_post: this lane's 4 elements of h, written and used
-        hv = post_float4(a.prev_y, a.prev_res, a.prev_post, a.prev_comb, t, D, static_cast<int>(k0 / D), (k0 % D) / 4);
-        *reinterpret_cast<float4*>(const_cast<float*>(a.h) + t * K + k0) = hv;
-      } else {
-        hv = __ldg(reinterpret_cast<const float4*>(a.h + t * K + k0));
-      }
-      acc[M] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(fn + m * K + k0));
-        acc[m] += hv.x * f.x + hv.y * f.y + hv.z * f.z + hv.w * f.w;
-      }
+  for (int m = 0; m <= M; ++m) acc[m] = 0.f;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t k0 = c * kKc + 4 * lane;
+    float4 hv;
+    if (a.prev_y) {  // the fused hc_post: this lane's 4 elements of h, written and used
+      hv = post_float4(a.prev_y, a.prev_res, a.prev_post, a.prev_comb, t, D, static_cast<int>(k0 / D), (k0 % D) / 4);
+      *reinterpret_cast<float4*>(const_cast<float*>(a.h) + t * K + k0) = hv;
+    } else {
+      hv = __ldg(reinterpret_cast<const float4*>(a.h + t * K + k0));
     }
-    float mine = 0.f;
+    acc[M] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
 #pragma unroll
-    for (int m = 0; m <= M; ++m) {
-      float v = acc[m];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == m) mine = v;
+    for (int m = 0; m < M; ++m) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(fn + m * K + k0));
+      acc[m] += hv.x * f.x + hv.y * f.y + hv.z * f.z + hv.w * f.w;
     }
-    if (lane <= M) ws[(static_cast<int64_t>(w) * n_tokens + t) * (M + 1) + lane] = mine;
   }
+  float mine = 0.f;
+#pragma unroll
+  for (int m = 0; m <= M; ++m) {
+    float v = acc[m];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == m) mine = v;
+  }
+  if (lane <= M) ws[(static_cast<int64_t>(w) * n_tokens + t) * (M + 1) + lane] = mine;
+}
+
+template <int M>
+__global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(HcArgs a, int cpw, int ks_count) {
+  const int w = blockIdx.x * kSmallMixWarps + (threadIdx.x >> 5);
+  if (w < ks_count) prefetch_fn_l2<M>(a, w, cpw, threadIdx.x & 31, 32);
+  pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
+  if (w >= ks_count) return;
+  for (int t = 0; t < a.n_tokens; ++t) mix_token<M>(a, w, cpw, t);
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -237,55 +254,12 @@ constexpr int kSumLanes = 16;            // threads per mix summing the KS parti
 
 __device__ __forceinline__ void x_warps_barrier() { asm volatile("bar.sync 1, %0;" ::"n"(kFinX) : "memory"); }
 
-// One block per token. All loads first (the KS partials and this thread's h, independent of each other), then
-// the KS partials summed per mix by 16 threads (strided, then a butterfly: a fixed order), the norm and the
-// sigmoids; then warp 15 alone does hc_pre's post and Sinkhorn (a chain of 40 dependent divisions) while warps
-// 0..14 form x = sum_j pre_j h_j, optionally RMSNorm(x) * norm_w (cpu::rmsnorm's formula, sum of squares in
-// double; their own barrier, bar.sync 1) and the bf16 / f16 copies (round to nearest even, as
-// cudalin::cast_f32_to_bf16) for the linears that read x.
-// (Minimum 1 block per SM in the bounds: without it ptxas spills around the double reduction.)
+// Warps 0..14 of finish_token: x = sum_j pre_j h_j, the optional RMSNorm and the 16-bit copies.
 template <int M>
-__global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int ks_count) {
-  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  __shared__ float mix[M + 1];
-  __shared__ double part[kFinX / 32];
-  __shared__ float partial[kMaxKs * (M + 1)];
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
-  const int64_t D = a.dim, K = kN * D, D4 = D / 4;
-  const float* ws = static_cast<const float*>(a.workspace);
-  for (int i = tid; i < ks_count * (M + 1); i += kFinThreads)
-    partial[i] = ws[(static_cast<int64_t>(i / (M + 1)) * a.n_tokens + t) * (M + 1) + i % (M + 1)];
-  const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
-  float4 hv[kFinVec][kN];
-  if (tid < kFinX) {
-#pragma unroll
-    for (int i = 0; i < kFinVec; ++i) {
-      const int64_t d4 = tid + static_cast<int64_t>(i) * kFinX;
-#pragma unroll
-      for (int j = 0; j < kN; ++j) hv[i][j] = d4 < D4 ? __ldg(h + j * D4 + d4) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  __syncthreads();
-  {
-    const int m = tid / kSumLanes, sub = tid % kSumLanes;  // every lane joins the shuffles
-    float s = 0.f;
-    if (m <= M)
-      for (int ks = sub; ks < ks_count; ks += kSumLanes) s += partial[ks * (M + 1) + m];
-#pragma unroll
-    for (int o = kSumLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (m <= M && sub == 0) mix[m] = s;
-  }
-  __syncthreads();
-  const float r = 1.0f / sqrtf(mix[M] / static_cast<float>(K) + a.norm_eps);
-  if (tid >= kFinX) {  // warp 15
-    if constexpr (M == kMaxMix) {
-      if (lane < kN) a.post[t * kN + lane] = 2.0f * sigmoidf(mix[kN + lane] * r * a.scale[1] + a.base[kN + lane]);
-      const int l = lane & 15;
-      const float c = sinkhorn_lane(mix[2 * kN + l] * r * a.scale[2] + a.base[2 * kN + l], a.sinkhorn_iters, a.hc_eps);
-      if (lane < 16) a.comb[t * kN * kN + l] = c;
-    }
-    return;
-  }
+__device__ __forceinline__ void finish_x(const HcArgs& a, int t, const float4 (&hv)[kFinVec][kN], const float* mix,
+                                         double* part, float r) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t D = a.dim, D4 = D / 4;
   float p[kN];
 #pragma unroll
   for (int j = 0; j < kN; ++j) p[j] = sigmoidf(mix[j] * r * a.scale[0] + a.base[j]) + a.hc_eps;
@@ -333,6 +307,98 @@ __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int
       xh[1] = __floats2half2_rn(v.z, v.w);
     }
   }
+}
+
+// Token t's finish by one block of kFinThreads threads (every thread calls it). All loads first (the KS
+// partials and this thread's h, independent of each other), then the KS partials summed per mix by 16 threads
+// (strided, then a butterfly: a fixed order), the norm and the sigmoids; then warp 15 alone does hc_pre's post
+// and Sinkhorn (a chain of 40 dependent divisions) while warps 0..14 form x = sum_j pre_j h_j, optionally
+// RMSNorm(x) * norm_w (cpu::rmsnorm's formula, sum of squares in double; their own barrier, bar.sync 1) and
+// the bf16 / f16 copies (round to nearest even, as cudalin::cast_f32_to_bf16) for the linears that read x.
+// L2: h and the partials were written by other blocks of this grid (hc_one_token_kernel), so they are read
+// through L2 (ld.global.cg) rather than the non-coherent path. Ends with a barrier, so `sh` may be reused.
+template <int M>
+struct FinShared {
+  float mix[M + 1];
+  double part[kFinX / 32];
+  float partial[kMaxKs * (M + 1)];
+};
+
+template <int M, bool L2>
+__device__ __forceinline__ void finish_token(const HcArgs& a, int ks_count, int t, FinShared<M>& sh) {
+  float* const mix = sh.mix;
+  double* const part = sh.part;
+  float* const partial = sh.partial;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t D = a.dim, K = kN * D, D4 = D / 4;
+  const float* ws = static_cast<const float*>(a.workspace);
+  for (int i = tid; i < ks_count * (M + 1); i += kFinThreads)
+    partial[i] = L2 ? __ldcg(ws + (static_cast<int64_t>(i / (M + 1)) * a.n_tokens + t) * (M + 1) + i % (M + 1))
+                    : ws[(static_cast<int64_t>(i / (M + 1)) * a.n_tokens + t) * (M + 1) + i % (M + 1)];
+  const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
+  float4 hv[kFinVec][kN];
+  if (tid < kFinX) {
+#pragma unroll
+    for (int i = 0; i < kFinVec; ++i) {
+      const int64_t d4 = tid + static_cast<int64_t>(i) * kFinX;
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+        hv[i][j] = d4 >= D4 ? make_float4(0.f, 0.f, 0.f, 0.f) : L2 ? __ldcg(h + j * D4 + d4) : __ldg(h + j * D4 + d4);
+    }
+  }
+  __syncthreads();
+  {
+    const int m = tid / kSumLanes, sub = tid % kSumLanes;  // every lane joins the shuffles
+    float s = 0.f;
+    if (m <= M)
+      for (int ks = sub; ks < ks_count; ks += kSumLanes) s += partial[ks * (M + 1) + m];
+#pragma unroll
+    for (int o = kSumLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (m <= M && sub == 0) mix[m] = s;
+  }
+  __syncthreads();
+  const float r = 1.0f / sqrtf(mix[M] / static_cast<float>(K) + a.norm_eps);
+  if (tid >= kFinX) {  // warp 15
+    if constexpr (M == kMaxMix) {
+      if (lane < kN) a.post[t * kN + lane] = 2.0f * sigmoidf(mix[kN + lane] * r * a.scale[1] + a.base[kN + lane]);
+      const int l = lane & 15;
+      const float c = sinkhorn_lane(mix[2 * kN + l] * r * a.scale[2] + a.base[2 * kN + l], a.sinkhorn_iters, a.hc_eps);
+      if (lane < 16) a.comb[t * kN * kN + l] = c;
+    }
+  } else {
+    finish_x<M>(a, t, hv, mix, part, r);
+  }
+  __syncthreads();
+}
+
+// One block per token, after the mix kernels.
+// (Minimum 1 block per SM in the bounds: without it ptxas spills around the double reduction.)
+template <int M>
+__global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int ks_count) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  __shared__ FinShared<M> sh;
+  finish_token<M, false>(a, ks_count, blockIdx.x, sh);
+}
+
+// One token with HcArgs::counter: the mixes and the finish in one launch. Block w (kFinThreads threads) mixes
+// K range w on warp 0 (mix_token, the arithmetic of hc_mix_small_kernel); the last block to count its partials
+// in (threadfence, then an atomic on the counter, which it re-arms) runs finish_token. Same bits as the two
+// launches; one kernel boundary fewer on the decode step's critical path.
+template <int M>
+__global__ void __launch_bounds__(kFinThreads, 1) hc_one_token_kernel(HcArgs a, int cpw, int ks_count) {
+  __shared__ FinShared<M> sh;
+  __shared__ bool last;
+  prefetch_fn_l2<M>(a, blockIdx.x, cpw, threadIdx.x, kFinThreads);
+  pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
+  if (threadIdx.x < 32) mix_token<M>(a, blockIdx.x, cpw, 0);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1) == ks_count - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  finish_token<M, true>(a, ks_count, 0, sh);
+  if (threadIdx.x == 0) *a.counter = 0;  // ready for the next launch
 }
 
 __global__ void __launch_bounds__(256) hc_post_kernel(int n_tokens, int64_t D, const float* __restrict__ y,
@@ -395,7 +461,13 @@ template <int M>
 void run_hc(const HcArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return;
   int ks;
-  if (a.n_tokens <= kSmallMixTokens) {
+  if (a.n_tokens == 1 && a.counter) {
+    ks = small_mix_ks(a.dim);
+    check(launch(hc_one_token_kernel<M>, dim3(ks), dim3(kFinThreads), 0, stream, a, small_mix_cpw(a.dim), ks),
+          "hc_one_token_kernel launch");
+    return;
+  }
+  if (a.n_tokens <= kHcFusedPostTokens) {
     ks = small_mix_ks(a.dim);
     check(launch(hc_mix_small_kernel<M>, dim3((ks + kSmallMixWarps - 1) / kSmallMixWarps), dim3(kSmallMixWarps * 32),
                  0, stream, a, small_mix_cpw(a.dim), ks),
@@ -409,10 +481,8 @@ void run_hc(const HcArgs& a, cudaStream_t stream) {
                  static_cast<float*>(a.workspace)),
           "hc_mix_kernel launch");
   }
-  check(cudaGetLastError(), "hc_mix_kernel launch");
   const dim3 g2(a.n_tokens);
   check(launch(hc_finish_kernel<M>, dim3(g2), dim3(kFinThreads), 0, stream, a, ks), "hc_finish_kernel launch");
-  check(cudaGetLastError(), "hc_finish_kernel launch");
 }
 
 }  // namespace
@@ -423,7 +493,7 @@ size_t hc_workspace_bytes(int n_tokens, int64_t dim) {
   // the largest over every count a caller sized for n_tokens may launch with.
   size_t most = 0;
   for (int t = 1; t <= n_tokens; ++t) {
-    const int ks = t <= kSmallMixTokens ? small_mix_ks(dim) : split_k(t, dim);
+    const int ks = t <= kHcFusedPostTokens ? small_mix_ks(dim) : split_k(t, dim);
     most = std::max(most, static_cast<size_t>(ks) * t * (kMaxMix + 1) * sizeof(float));
   }
   return most;
@@ -450,7 +520,6 @@ void hc_post(int n_tokens, int64_t dim, int n, const float* y, const float* res,
   if (out == res) fail("cuda::hc_post: out must not alias res");
   dim3 g(static_cast<unsigned>((dim / 4 + 255) / 256), n_tokens);
   check(launch(hc_post_kernel, dim3(g), dim3(256), 0, stream, n_tokens, dim, y, res, post, comb, out), "hc_post_kernel launch");
-  check(cudaGetLastError(), "hc_post_kernel launch");
 }
 
 void hc_sinkhorn(const float* logits, float* comb, int n_mats, int iters, float eps, cudaStream_t stream) {
@@ -458,7 +527,6 @@ void hc_sinkhorn(const float* logits, float* comb, int n_mats, int iters, float 
   if (n_mats <= 0) return;
   if (iters < 1) fail("cuda::hc_sinkhorn: iters=", iters, " must be >= 1");
   check(launch(hc_sinkhorn_kernel, dim3((n_mats + 7) / 8), dim3(128), 0, stream, logits, comb, n_mats, iters, eps), "hc_sinkhorn_kernel launch");
-  check(cudaGetLastError(), "hc_sinkhorn_kernel launch");
 }
 
 }  // namespace dsv4::cuda

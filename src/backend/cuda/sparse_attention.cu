@@ -746,13 +746,10 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   } else {
     fail("cuda::sparse_attention: unknown precision ", static_cast<int>(a.precision));
   }
-  check(cudaGetLastError(), "sparse_attention launch");
   if (p.splits > 1) {
     check(launch(combine_kernel, dim3(kH, a.n_queries), dim3(128), 0, stream, p), "combine_kernel launch");
-    check(cudaGetLastError(), "sparse_attention combine launch");
   } else if (epilogue) {
     check(launch(epilogue_kernel, dim3(kH, a.n_queries), dim3(128), 0, stream, a), "epilogue_kernel launch");
-    check(cudaGetLastError(), "sparse_attention epilogue launch");
   }
 }
 

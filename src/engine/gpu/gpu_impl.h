@@ -67,6 +67,7 @@ struct Scratch {
   uint16_t* zb;             // 16-bit copy of z [cap, o_groups * o_lora_rank] from the grouped wo_a GEMV, for wo_b
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
+  int* hc_counter;          // cuda::HcArgs::counter of the main stream's hc_pre / hc_head (zeroed at allocation)
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [cap, vocab]
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
@@ -81,6 +82,14 @@ struct Scratch {
 struct Act16 {
   const uint16_t* p = nullptr;
   bool f16 = false;
+};
+
+// Formats of hc_pre's 16-bit copies of a layer's x, decided once per layer step (Impl::x16_formats): the same
+// value tells hc_pre which copies to write and the linears which to read.
+struct X16Formats {
+  bool attn = false;    // attention's copy (s.xbx) is f16 (attn_x_h16)
+  bool shared = false;  // the shared expert's GEMVs read the f16 copy s.xhx (shared_x_h16)
+  bool moe = false;     // the routed experts (moe_decode) read the f16 copy s.xhx (moe_h16)
 };
 
 struct GpuModel::Impl {
@@ -165,8 +174,9 @@ struct GpuModel::Impl {
 
  private:
   void layer(int li, int T);
-  void attention(int li, int T);
-  void ffn(int li, int T);
+  // x16: the formats layer() had hc_pre write the 16-bit copies of x in.
+  void attention(int li, int T, const X16Formats& x16);
+  void ffn(int li, int T, const X16Formats& x16);
   // y = x · Wᵀ: the weight-streaming GEMV (16-bit activations) where it applies, else the fp32 glue linear.
   // xb: x already cast (by the kernel that wrote x); cast here into s.xb when absent or of the other format.
   void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {});
@@ -186,6 +196,7 @@ struct GpuModel::Impl {
   bool attn_x_h16(int li, int T) const;
   bool shared_x_h16(int li, int T) const;
   bool moe_h16(int li, int T) const;
+  X16Formats x16_formats(int li, int T) const { return {attn_x_h16(li, T), shared_x_h16(li, T), moe_h16(li, T)}; }
 };
 
 }  // namespace dsv4::gpu

@@ -12,9 +12,6 @@ namespace dsv4::gpu {
 
 namespace {
 int ratio_index(int r) { return r == 0 ? 0 : r == 4 ? 1 : 2; }
-// Steps of at most this many tokens fuse hc_post into the next hc_pre / hc_head (the decode mix kernel's range;
-// with the profile on, hc_post keeps its own launch and mark).
-constexpr int kFusedPostTokens = 8;
 }  // namespace
 
 bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
@@ -83,7 +80,7 @@ void GpuModel::Impl::matmul(const cudalin::DevWeight& w, const uint16_t* xb, int
   cudalin::gemm_bf16(xb, ldx, T, s.wbuf, w.rows, w.cols, y, ldy, stream);
 }
 
-void GpuModel::Impl::attention(int li, int T) {
+void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   const DevLayer& L = w.layers[li];
   const LayerPools& P = st->layers[li];
   const int r = P.ratio, ri = ratio_index(r);
@@ -196,9 +193,9 @@ void GpuModel::Impl::attention(int li, int T) {
   }
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
-  // 16-bit copies of x (written by hc_pre, layer(), in the format attn_x_h16 chose) and of the normalized
+  // 16-bit copies of x (written by hc_pre, layer(), in the format x16.attn names) and of the normalized
   // q_lora activations, each cast once for the linears that share it.
-  const Act16 xb{x_bf16(), attn_x_h16(li, T)};
+  const Act16 xb{x_bf16(), x16.attn};
   // wq_a and wkv read the same x: one GEMV over their stacked rows where it applies (s.qkv = [qr | kv]).
   const bool qkv_stacked = L.wq_a_wkv.rows > 0 && use_gemv(L.wq_a_wkv);
   const float* qr_in = s.qr;
@@ -295,7 +292,7 @@ void GpuModel::Impl::attention(int li, int T) {
   mark(li, "wo");
 }
 
-void GpuModel::Impl::ffn(int li, int T) {
+void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
   const DevLayer& L = w.layers[li];
   const int64_t D = c->hidden_size;
   const int E = c->n_routed_experts, K = c->num_experts_per_tok;
@@ -305,8 +302,7 @@ void GpuModel::Impl::ffn(int li, int T) {
 
   // Written by hc_pre: the bf16 copy of x (s.xbx) and, where a GEMV takes f16, the f16 one (s.xhx).
   const uint16_t* xb = x_bf16();
-  const Act16 xs = shared_x_h16(li, T) ? Act16{s.xhx, true} : Act16{xb, false};
-  const bool moe16 = moe_h16(li, T);
+  const Act16 xs = x16.shared ? Act16{s.xhx, true} : Act16{xb, false};
   // The shared expert writes s.y (the routed experts then accumulate into it); with overlap_branches it
   // runs on the side stream beside the router.
   auto shared_expert = [&]() {
@@ -343,8 +339,8 @@ void GpuModel::Impl::ffn(int li, int T) {
   if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
     cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
     if (T <= 64)
-      cudalin::moe_decode(shape, L.experts, moe16 ? s.xhx : xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream,
-                          moe16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
+      cudalin::moe_decode(shape, L.experts, x16.moe ? s.xhx : xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream,
+                          x16.moe ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
     else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")
       cudalin::moe_prefill(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
   } else {
@@ -374,6 +370,7 @@ void GpuModel::Impl::layer(int li, int T) {
     a.post = s.post;
     a.comb = s.comb;
     a.workspace = s.hc_ws;
+    if (opt.hc_one_kernel) a.counter = s.hc_counter;
     a.norm_w = norm_w;  // the sub-layer's RMSNorm, fused
     return a;
   };
@@ -385,23 +382,27 @@ void GpuModel::Impl::layer(int li, int T) {
     // The streams ping-pong between s.h and s.res: hc_post reads the current ones as its residual and
     // writes the new ones to the other buffer (no copy; it must not write its input in place).
     float* next = h_cur == s.h ? s.res : s.h;
-    if (T <= kFusedPostTokens && !opt.profile_layers) pending_res = h_cur;  // fused into the next hc_pre / hc_head
+    // Fused into the next hc_pre / hc_head in the range where they fuse it (cuda::kHcFusedPostTokens); with the
+    // profile on, hc_post keeps its own launch and mark.
+    if (T <= cuda::kHcFusedPostTokens && !opt.profile_layers) pending_res = h_cur;
     else cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
     h_cur = next;
     mark(li, "hc_post");
   };
   // and the 16-bit copies of x its linears read: attention's in one format (s.xbx); the FFN's in bf16 (s.xbx)
-  // and, when the shared expert's GEMVs or the routed experts take f16, in f16 (s.xhx).
+  // and, when the shared expert's GEMVs or the routed experts take f16, in f16 (s.xhx). Their formats are
+  // decided here once, for hc_pre and the linears alike.
+  const X16Formats x16 = x16_formats(li, T);
   cuda::HcArgs pa = pre(L.hc_attn, L.attn_norm);
-  (attn_x_h16(li, T) ? pa.xh : pa.xb) = x_bf16();
+  (x16.attn ? pa.xh : pa.xb) = x_bf16();
   run_pre(pa);
-  attention(li, T);
+  attention(li, T, x16);
   post();
   cuda::HcArgs pf = pre(L.hc_ffn, L.ffn_norm);
   pf.xb = x_bf16();
-  if (shared_x_h16(li, T) || moe_h16(li, T)) pf.xh = s.xhx;
+  if (x16.shared || x16.moe) pf.xh = s.xhx;
   run_pre(pf);
-  ffn(li, T);
+  ffn(li, T, x16);
   post();
 }
 
@@ -434,6 +435,7 @@ void GpuModel::Impl::run_step(int T) {
   a.norm_eps = static_cast<float>(c->rms_norm_eps);
   a.x = s.y;
   a.workspace = s.hc_ws;
+  if (opt.hc_one_kernel) a.counter = s.hc_counter;
   a.norm_w = w.norm;  // the final RMSNorm, fused
   cuda::hc_head(a, stream);
   mark("hc_head+norm");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "backend/cpu/norm_rope.h"
@@ -103,6 +104,8 @@ void GpuModel::Impl::alloc_scratch() {
   s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);
   s.slots = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * s.max_slots));
   s.hc_ws = dalloc(cuda::hc_workspace_bytes(static_cast<int>(T), D));
+  s.hc_counter = static_cast<int*>(dalloc(sizeof(int)));
+  cuda::check(cudaMemset(s.hc_counter, 0, sizeof(int)), "zero the hc counter");
   s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
   s.logits_host = static_cast<float*>(halloc(sizeof(float) * T * V));
   s.next = static_cast<int32_t*>(dalloc(sizeof(int32_t) * 2 * T));
@@ -136,10 +139,18 @@ void GpuModel::Impl::alloc_scratch() {
   const cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), static_cast<int>(E), static_cast<int>(K),
                                 static_cast<float>(c->swiglu_limit)};
   if (moe_kernel_ok) moe_ws = cudalin::moe_workspace_create(shape, static_cast<int>(std::min<int64_t>(T, 64)));
-  // Layers whose expert scales allow the f16 MoE path (checked once on the device; kernels chosen at load).
-  if (moe_kernel_ok && opt.f16_activations && !opt.exact_linear && !opt.exact_moe)
+  // Layers whose expert scales allow the f16 MoE path (checked on the device, which synchronizes the stream, once
+  // per expert set: the layers repeat_layers adds share their weights; kernels chosen at load).
+  if (moe_kernel_ok && opt.f16_activations && !opt.exact_linear && !opt.exact_moe) {
+    std::map<const cudalin::DevExpert*, bool> fit;  // by device expert array
+    auto fits = [&](const cudalin::DevExpert* e) {
+      auto it = fit.find(e);
+      if (it == fit.end()) it = fit.emplace(e, cudalin::moe_scales_fit_f16(shape, e, stream)).first;
+      return it->second;
+    };
     for (DevLayer& L : w.layers)
-      L.experts_fit_f16 = L.expert_fmt == WeightFormat::kFP4 && L.experts && cudalin::moe_scales_fit_f16(shape, L.experts, stream);
+      L.experts_fit_f16 = L.expert_fmt == WeightFormat::kFP4 && L.experts && fits(L.experts);
+  }
   if (moe_kernel_ok && T > 64) moe_prefill_ws = cudalin::moe_prefill_workspace_create(shape, static_cast<int>(T));
 }
 

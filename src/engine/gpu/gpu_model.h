@@ -54,6 +54,9 @@ struct GpuOptions {
   // e4m3 -> f16 is one instruction per weight pair, and f16 rounds 8x finer than bf16, but an activation
   // beyond +-65504 overflows to inf (the step then reports non-finite logits). Off: bf16 everywhere.
   bool f16_activations = true;
+  // One-token steps run each hc_pre / hc_head as one kernel (cuda::HcArgs::counter: the last block of the
+  // mixes does the finish) instead of two. Off: two launches (same results, bit for bit).
+  bool hc_one_kernel = true;
 };
 
 struct SlotPool;

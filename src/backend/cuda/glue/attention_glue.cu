@@ -87,26 +87,22 @@ void indexer_scores(const float* q, const float* w, int T, int H, int d, const u
   if (T <= 0 || n_cols <= 0) return;
   cuda::check(cuda::launch(indexer_kernel, dim3(blocks_for(n_cols, kKeyWarps), T), dim3(kKeyWarps * 32), 0, stream, 
       q, w, H, d, pool, row_bytes, fmt, key_base, n_visible, scores, n_cols), "indexer_kernel launch");
-  check_launch("glue::indexer_scores");
 }
 
 void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                  const int32_t* sel, int topk, int n_slots, int32_t* slots, cudaStream_t stream) {
   if (T <= 0) return;
   cuda::check(cuda::launch(slots_kernel, dim3(T), dim3(256), 0, stream, pos, base, window, ring, kind, ratio, sel, topk, n_slots, slots), "slots_kernel launch");
-  check_launch("glue::build_slots");
 }
 
 void visible_counts(int T, const int64_t* pos, int ratio, int32_t* out, cudaStream_t stream) {
   if (T <= 0) return;
   cuda::check(cuda::launch(visible_kernel, dim3(blocks_for(T, 128)), dim3(128), 0, stream, T, pos, ratio, out), "visible_kernel launch");
-  check_launch("glue::visible_counts");
 }
 
 void scale(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n <= 0) return;
   cuda::check(cuda::launch(scale_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, stream, x, n, s), "scale_kernel launch");
-  check_launch("glue::scale");
 }
 
 }  // namespace dsv4::glue

@@ -85,6 +85,4 @@ __device__ __forceinline__ double block_sum_squares(const float* x, int64_t n) {
 
 inline unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
 
-inline void check_launch(const char* what) { dsv4::cuda::check(cudaGetLastError(), what); }
-
 }  // namespace dsv4::glue::detail

@@ -303,7 +303,6 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
                              tid2eid, tokens, norm_topk, scaling, idx, weights),
                 "route_kernel launch");
   }
-  check_launch("glue::route");
 }
 
 void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cudaStream_t stream) {
@@ -322,7 +321,6 @@ void swiglu_rows(const float* g, const float* u, int64_t rows, int64_t n, int64_
 void argmax_rows(const float* x, int rows, int64_t n, int32_t* out, cudaStream_t stream) {
   if (rows <= 0) return;
   cuda::check(cuda::launch(argmax_kernel, dim3(rows), dim3(256), 0, stream, x, n, out), "argmax_kernel launch");
-  check_launch("glue::argmax_rows");
 }
 
 }  // namespace dsv4::glue

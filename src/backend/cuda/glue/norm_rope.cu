@@ -192,7 +192,6 @@ void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t 
                    cudaStream_t stream) {
   if (T <= 0) return;
   cuda::check(cuda::launch(embed_kernel, dim3(T), dim3(256), 0, stream, embed, tokens, dim, n_streams, out), "embed_kernel launch");
-  check_launch("glue::embed_streams");
 }
 
 void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t n, float eps, float* y,
@@ -212,7 +211,6 @@ void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t
   else
     cuda::check(cuda::launch(rmsnorm_kernel, dim3(rows), dim3(256), 0, stream, x, ldx, w, n, eps, y, ldy, yb, f16),
                 "rmsnorm_kernel launch");
-  check_launch("glue::rmsnorm_rows");
 }
 
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
@@ -221,14 +219,12 @@ void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, co
   cuda::check(cuda::launch(heads_norm_rope_kernel, dim3(T * heads), dim3(128), 0, stream, x, heads, dim, pos,
                            inv_freq, n_freq, norm, eps, inverse, xb, f16),
               "heads_norm_rope_kernel launch");
-  check_launch("glue::heads_norm_rope");
 }
 
 void kv_encode(const float* x, int T, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                int64_t row_bytes, const int64_t* row_index, cudaStream_t stream) {
   if (T <= 0) return;
   cuda::check(cuda::launch(kv_encode_kernel, dim3(T), dim3(256), 0, stream, x, dim, fmt, rope_dim, scale_block, pool, row_bytes, row_index), "kv_encode_kernel launch");
-  check_launch("glue::kv_encode");
 }
 
 void rmsnorm_rope_encode(const float* x, int64_t ldx, const float* w, int T, int dim, float eps, float* y,
@@ -247,7 +243,6 @@ void rmsnorm_rope_encode(const float* x, int64_t ldx, const float* w, int T, int
   cuda::check(cuda::launch(rmsnorm_1pass_kernel<4>, dim3(T), dim3(kNormThreads), 0, stream, x, ldx, w, dim, eps, y,
                            static_cast<int64_t>(dim), static_cast<uint16_t*>(nullptr), false, tail),
               "rmsnorm_1pass_kernel<4> (kv tail) launch");
-  check_launch("glue::rmsnorm_rope_encode");
 }
 
 }  // namespace dsv4::glue

@@ -361,7 +361,6 @@ void sample_rows(const float* logits, int rows, int64_t vocab, const SampleRowPa
   int32_t* cand = static_cast<int32_t*>(workspace);
   if (!all_greedy) cuda::topk_rows(logits, vocab, vocab, nullptr, rows, C, cand, stream);
   cuda::check(cuda::launch(sample_kernel, dim3(rows), dim3(kThreads), 0, stream, logits, vocab, C, params, cand, out_token, out_status), "sample_kernel launch");
-  cuda::check(cudaGetLastError(), "glue::sample_kernel launch");
 }
 
 }  // namespace dsv4::glue

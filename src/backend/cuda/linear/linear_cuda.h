@@ -121,10 +121,19 @@ void moe_workspace_destroy(MoeWorkspace& ws);
 void set_moe_ksplit(int ks);
 // v2 knob: warps per block of the MoE decode kernels, 4 (default) or 8 (the first v2 layout).
 void set_moe_block_warps(int warps);
-// v2 knob (off by default; an experiment not yet measured, docs/NOTES.md): at T <= 8 the w2 kernel without
-// activation prefetch, 80 registers, 6 blocks per SM, so twice the K splits at one token. Same results bit
-// for bit only when the split count does not change; otherwise the fp32 partials add in another grouping.
-void set_moe_lean_w2(bool on);
+// v2 knob: the lean MoE decode kernels (no activation prefetch, <= 80 registers, 6 blocks of 4 warps per SM,
+// so more K splits; w1/w3 with a 3-stage ring) for launches of at most max_tokens (<= 8) tokens. Default:
+// both at one token (H200 run 20, docs/GEMM_MOE.md: 58.3 -> 48.6 us per MoE at T = 1, step 7.53 -> 7.33 ms;
+// at T = 4 faster with random routing, 175 -> 167 us, but slower with all 4 tokens on the same 6 experts,
+// 83 -> 100 us, so not the default there). Same results bit for bit only where the split count does not
+// change; otherwise the fp32 partials add in another grouping.
+struct MoeLean {
+  bool w13 = true;
+  bool w2 = true;
+  int max_tokens = 1;
+};
+void set_moe_lean(const MoeLean& lean);
+MoeLean moe_lean();
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,

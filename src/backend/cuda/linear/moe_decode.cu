@@ -24,7 +24,7 @@ namespace {
 constexpr int kMaxExperts = 1024;
 int g_force_moe_ks = 0;
 int g_moe_warps = 4;  // set_moe_block_warps
-bool g_moe_lean_w2 = false;  // set_moe_lean_w2
+MoeLean g_moe_lean;  // set_moe_lean
 
 // meta layout (ints): [0] n_active | [1, 1+E) active expert ids | [1+E, 2+2E) offsets into the pair lists |
 // [2+2E, 2+2E+P) token of each grouped pair | [2+2E+P, 2+2E+2P) pair id t*top_k+k of each grouped pair.
@@ -250,10 +250,18 @@ constexpr int kMoeStages = 4;
 template <int NMAT, int MW>
 constexpr int moe2_smem() { return MW * dev::ring_bytes_per_warp<true, NMAT, kMoeStages>(); }
 constexpr int moe2_min_blocks(int nt, int mw) { return nt <= 2 ? 16 / mw : 8 / mw; }
-// The lean w2 kernel (set_moe_lean_w2, T <= 8): no activation prefetch, so it compiles to <= 80 registers with
-// no spill (ptxas, sm_90a and sm_120a) and 24 warps fit an SM (6 blocks of 4 warps; shared memory allows 7);
-// the split picker then doubles the K splits at one token (768 blocks of 4 warps instead of 384 in 792 slots).
-constexpr int lean_w2_blocks(int mw) { return 24 / mw; }
+// The lean kernels (set_moe_lean, NT == 1 only): no activation prefetch, so they compile to <= 80 registers
+// with no spill (ptxas, sm_90a and sm_120a) and 24 warps fit an SM (6 blocks of 4 warps). w2's shared memory
+// allows 7 such blocks as it is; w1/w3 needs a 3-stage ring and a short pair list (kLeanPairs) to fit 6
+// (3 x 2 x 1280 B per warp + 4 KB of partials: ~35.5 KB per block). The split picker then finds more K
+// splits at one token (for w2, 768 blocks of 4 warps instead of 384 in 792 slots).
+constexpr int lean_blocks(int mw) { return 24 / mw; }
+constexpr int kLeanW13Stages = 3;
+constexpr int kLeanPairs = 128;  // pairs of one launch the lean w1/w3 kernel takes (T <= 8 tokens x top_k <= 16)
+template <int NMAT, int MW, bool LEAN>
+constexpr int moe2_ring_smem() {
+  return moe2_smem<NMAT, MW>() * (LEAN && NMAT == 2 ? kLeanW13Stages : kMoeStages) / kMoeStages;
+}
 
 struct Moe2Args {
   const DevExpert* ex;
@@ -270,11 +278,13 @@ struct Moe2Args {
   int ksb;
 };
 
-template <int NT, bool H16, int MW>
-__global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w13_v2_kernel(Moe2Args a) {
+template <int NT, bool H16, int MW, bool LEAN = false>
+__global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blocks(NT, MW)) w13_v2_kernel(Moe2Args a) {
+  static_assert(!LEAN || NT == 1, "the lean kernels are for T <= 8");
+  constexpr int kStages = LEAN ? kLeanW13Stages : kMoeStages;
   extern __shared__ uint4 ring[];
   __shared__ float red[2][MW][128];
-  __shared__ int s_pid[kMaxPairs];
+  __shared__ int s_pid[LEAN ? kLeanPairs : kMaxPairs];
   __shared__ unsigned s_bits[32];
   __shared__ int s_info[3];
   cuda::pdl::wait();  // routes and activations come from the preceding kernels
@@ -288,7 +298,7 @@ __global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w13_v2_kerne
   const DevExpert ex = a.ex[sl.e];
   const uint8_t* const W[2] = {ex.w1, ex.w3};
   const uint8_t* const S[2] = {ex.s1, ex.s3};
-  constexpr int kRing = kMoeStages * 2 * dev::RingGeom<true>::kU4;
+  constexpr int kRing = kStages * 2 * dev::RingGeom<true>::kU4;
   // NT is sized for T tokens; an expert listed twice for one token (possible with hash tables) can have
   // more, and then streams its weights once per group of 8*NT.
   for (int base = 0; base < sl.ntok; base += 8 * NT) {
@@ -301,8 +311,8 @@ __global__ void __launch_bounds__(MW * 32, moe2_min_blocks(NT, MW)) w13_v2_kerne
     const int nt_valid = min(NT, (sl.ntok - base + 7) / 8);
     float acc[2][NT][4] = {};
     if (tile < tiles)
-      dev::stream_warp<true, NT, 2, kMoeStages, H16>(ring + warp * kRing, W, S, false, a.hidden, int64_t(tile) * 16, cb,
-                                                     ce, nt_valid, xr, acc);
+      dev::stream_warp<true, NT, 2, kStages, H16, LEAN ? 0 : -1>(ring + warp * kRing, W, S, false, a.hidden,
+                                                                 int64_t(tile) * 16, cb, ce, nt_valid, xr, acc);
     float(*const parts[2])[128] = {red[0], red[1]};
     dev::reduce_tiles<2, NT>(parts, acc, nt_valid, tpb, ksb, [&](int nt, int tl, int r, int col, const float (&v)[2]) {
       const int j = base + nt * 8 + col, tt = blockIdx.x * tpb + tl;
@@ -343,7 +353,8 @@ __device__ __forceinline__ void combine_rows(const Moe2Args& a, int t, int r0, i
 }
 
 template <int NT, bool H16, int MW, bool LEAN = false>
-__global__ void __launch_bounds__(MW * 32, LEAN ? lean_w2_blocks(MW) : moe2_min_blocks(NT, MW)) w2_v2_kernel(Moe2Args a) {
+__global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blocks(NT, MW)) w2_v2_kernel(Moe2Args a) {
+  static_assert(!LEAN || NT == 1, "the lean kernels are for T <= 8");
   extern __shared__ uint4 ring[];
   __shared__ float red[MW][128];
   __shared__ int s_pid[kMaxPairs];
@@ -414,16 +425,15 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_w2_blocks(MW) : moe2_min_
 
 template <int NT, bool H16, int MW>
 struct Moe2 {
+  // Resident blocks per SM of each kernel (the lean ones exist for NT == 1 only).
+  template <bool LEAN>
   static int occ13() {
-    static const int n = blocks_per_sm(w13_v2_kernel<NT, H16, MW>, MW * 32, moe2_smem<2, MW>());
+    static const int n = blocks_per_sm(w13_v2_kernel<NT, H16, MW, LEAN>, MW * 32, moe2_ring_smem<2, MW, LEAN>());
     return n;
   }
+  template <bool LEAN>
   static int occ2() {
-    static const int n = blocks_per_sm(w2_v2_kernel<NT, H16, MW>, MW * 32, moe2_smem<1, MW>());
-    return n;
-  }
-  static int occ2_lean() {  // NT == 1 only
-    static const int n = blocks_per_sm(w2_v2_kernel<1, H16, MW, true>, MW * 32, moe2_smem<1, MW>());
+    static const int n = blocks_per_sm(w2_v2_kernel<NT, H16, MW, LEAN>, MW * 32, moe2_ring_smem<1, MW, LEAN>());
     return n;
   }
   static void run(Moe2Args a, int max_active, cudaStream_t s) {
@@ -439,20 +449,24 @@ struct Moe2 {
       }
       return ks;
     };
-    a.ksb = pick(a.inter / 16, a.hidden / 128, sms * occ13());
-    const int tpb13 = MW / a.ksb;
-    launch_pdl_threads(w13_v2_kernel<NT, H16, MW>, dim3((a.inter / 16 + tpb13 - 1) / tpb13, max_active), MW * 32,
-                       moe2_smem<2, MW>(), s, a);
-    // w2 with the K splits its occupancy allows (the lean variant: more blocks per SM, so more splits).
-    auto launch_w2 = [&](auto* kernel, int occ) {
-      a.ksb = pick(a.hidden / 16, a.inter / 128, sms * occ);
-      const int tpb2 = MW / a.ksb;
-      launch_pdl_threads(kernel, dim3((a.hidden / 16 + tpb2 - 1) / tpb2, max_active), MW * 32, moe2_smem<1, MW>(), s, a);
+    // One launch of w1/w3 (tiles of inter) or w2 (tiles of hidden) with the K splits its occupancy allows.
+    auto launch = [&](auto* kernel, int occ, int tiles, int C, int smem) {
+      a.ksb = pick(tiles, C, sms * occ);
+      const int tpb = MW / a.ksb;
+      launch_pdl_threads(kernel, dim3((tiles + tpb - 1) / tpb, max_active), MW * 32, smem, s, a);
     };
+    const bool lean13 = NT == 1 && g_moe_lean.w13 && a.T <= g_moe_lean.max_tokens && a.P <= kLeanPairs;
+    const bool lean2 = NT == 1 && g_moe_lean.w2 && a.T <= g_moe_lean.max_tokens;
     if constexpr (NT == 1) {
-      if (g_moe_lean_w2) return launch_w2(w2_v2_kernel<NT, H16, MW, true>, occ2_lean());
+      if (lean13) launch(w13_v2_kernel<NT, H16, MW, true>, occ13<true>(), a.inter / 16, a.hidden / 128,
+                         moe2_ring_smem<2, MW, true>());
     }
-    launch_w2(w2_v2_kernel<NT, H16, MW>, occ2());
+    if (!lean13) launch(w13_v2_kernel<NT, H16, MW>, occ13<false>(), a.inter / 16, a.hidden / 128, moe2_smem<2, MW>());
+    if constexpr (NT == 1) {
+      if (lean2) return launch(w2_v2_kernel<NT, H16, MW, true>, occ2<true>(), a.hidden / 16, a.inter / 128,
+                               moe2_smem<1, MW>());
+    }
+    launch(w2_v2_kernel<NT, H16, MW>, occ2<false>(), a.hidden / 16, a.inter / 128, moe2_smem<1, MW>());
   }
 };
 
@@ -499,7 +513,12 @@ int chunks_per_warp(int K, const char* what, const MoeShape& s) {
 }  // namespace
 
 void set_moe_ksplit(int ks) { g_force_moe_ks = ks; }
-void set_moe_lean_w2(bool on) { g_moe_lean_w2 = on; }
+void set_moe_lean(const MoeLean& lean) {
+  if (lean.max_tokens < 0 || lean.max_tokens > 8)
+    throw Error(str_cat("cuda moe_decode: lean kernels for up to ", lean.max_tokens, " tokens (0..8)"));
+  g_moe_lean = lean;
+}
+MoeLean moe_lean() { return g_moe_lean; }
 void set_moe_block_warps(int warps) {
   if (warps != 4 && warps != 8) throw Error(str_cat("cuda moe_decode: ", warps, " warps per block (4 or 8)"));
   g_moe_warps = warps;

@@ -440,7 +440,6 @@ void set_smem_attrs() {
 template <int BN, bool GATE, int PIPE>
 void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
   check_cuda(cuda::launch(moe_gemm_kernel<BN, GATE, PIPE>, dim3(grid_x, max_tiles), dim3(kThreads), gemm_smem<BN, PIPE>(), stream, a), "moe_gemm_kernel launch");
-  check_cuda(cudaGetLastError(), GATE ? "moe_prefill w1/w3 launch" : "moe_prefill w2 launch");
 }
 
 template <int BN>
@@ -529,7 +528,6 @@ void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x,
   check_cuda(cuda::launch(rank_kernel, dim3(E), dim3(256), 0, stream, idx, ws.mark, T, K, ldm, ws.rank, ws.counts), "rank_kernel launch");
   check_cuda(cuda::launch(offsets_kernel, dim3(1), dim3(1024), 0, stream, ws.counts, E, BN, ws.offsets, reinterpret_cast<int2*>(ws.tiles), ws.n_tiles), "offsets_kernel launch");
   check_cuda(cuda::launch(place_kernel, dim3((P + 255) / 256), dim3(256), 0, stream, idx, P, E, ws.rank, ws.offsets, ws.perm), "place_kernel launch");
-  check_cuda(cudaGetLastError(), "moe_prefill permutation launch");
 
   GemmArgs a{};
   a.experts = experts;
@@ -550,7 +548,6 @@ void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x,
   const int64_t n4 = int64_t(T) * s.hidden / 4;
   check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 8192))), dim3(256), 0, stream, 
       ws.ybuf, idx, T, K, E, s.hidden, out, accumulate), "combine_kernel launch");
-  check_cuda(cudaGetLastError(), "moe_prefill combine launch");
 }
 
 }  // namespace dsv4::cudalin

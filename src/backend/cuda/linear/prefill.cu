@@ -105,7 +105,6 @@ void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream) {
   if (w.fmt == WeightFormat::kFP8Block) check_cuda(cuda::launch(dequant_fp8_kernel, dim3(blocks), dim3(256), 0, stream, w.w, w.scale, w.scale_is_f32, w.rows, w.cols, out), "dequant_fp8_kernel launch");
   else if (w.fmt == WeightFormat::kFP4) check_cuda(cuda::launch(dequant_fp4_kernel, dim3(blocks), dim3(256), 0, stream, w.w, w.scale, w.rows, w.cols, out), "dequant_fp4_kernel launch");
   else throw Error(str_cat("cuda dequant_to_bf16: weight [", w.rows, ", ", w.cols, "] is already BF16"));
-  check_cuda(cudaGetLastError(), "dequant_to_bf16 launch");
 }
 
 void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
