@@ -1,6 +1,8 @@
 // Benchmarks of the decode GEMV, the MXFP4 MoE decode and the prefill GEMM against the bandwidth floor
 // (bytes that must be read / the device-to-device copy bandwidth measured in the same run) and against
-// cuBLAS bf16. Prints a markdown table. Usage: bench_cuda_linear [--quick]
+// cuBLAS bf16. Prints a markdown table. Usage: bench_cuda_linear [--quick | --diag | --moe-nt | --f16-ab | --profile]
+// (--diag: DRAM vs L2-resident rows of the batch-1 kernels and the lean MoE kernels; --moe-nt: the MoE decode
+// rows with the n-tile count capped at 8, 4, 2, 1: cudalin::set_moe_max_ntiles).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -346,6 +348,19 @@ int main(int argc, char** argv) {
       for (bool alias : {false, true}) bench_moe(true, false, alias);
     }
     cudalin::set_moe_lean(lean_default);
+    g_moe_tag.clear();
+    print_rows();
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--moe-nt") == 0) {  // the MoE decode rows with the n-tile count capped
+    bench_copy();
+    g_act = cudalin::ActFormat::kF16;
+    for (int nt : {8, 4, 2, 1}) {
+      cudalin::set_moe_max_ntiles(nt);
+      g_moe_tag = ", at most " + std::to_string(nt) + " n-tiles";
+      bench_moe(true);
+    }
+    cudalin::set_moe_max_ntiles(2);  // the default
     g_moe_tag.clear();
     print_rows();
     return 0;

@@ -4,7 +4,8 @@
 #      (NO_OVERLAP_AB=1) on one stream, and (MOE_KS_SWEEP="2 4 8") with the MoE decode kernels' K splits
 #      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations, (MOE_WARPS_AB=1) with 8-warp MoE blocks, (GEMV_WARPS_AB=1) with 4-warp GEMV blocks,
 #      (MOE_LEAN_AB=1) without the lean MoE kernels and with lean w2 only (the default: lean w1/w3 and w2 at one token),
-#      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels);
+#      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels), (MOE_NT_AB="2 4") at batch 16 and 64
+#      with the MoE decode's n-tiles capped;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
 #      steps (scripts/gpu/ncu_summary.py);
@@ -35,6 +36,12 @@ if [ -n "${MOE_LEAN_AB:-}" ]; then
   ab moe-lean-off "without the lean MoE kernels (--moe-lean off)" --moe-lean off
   ab moe-lean-w2 "with the lean MoE w2 kernel only (--moe-lean w2)" --moe-lean w2
 fi
+# MOE_NT_AB="2 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N).
+for nt in ${MOE_NT_AB:-}; do
+  echo "== batch 16 / 64 decode with --moe-max-nt $nt"
+  $BIN --model "$CK" --batches 16,64 --prompt 256 --decode 16 --prefill 0 --moe-max-nt "$nt" "${BENCH_FLAGS[@]}" \
+    2> "$R/moe-nt$nt.err" | grep -E "^\| (16|64) "
+done
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).
 for ks in ${MOE_KS_SWEEP:-}; do ab "moe-ks$ks" "with --moe-ks $ks" --moe-ks "$ks"; done
 [ -n "${NO_NCU:-}" ] && exit 0

@@ -214,6 +214,23 @@ TEST(CudaMoeDecode, LeanKernels) {
   cudalin::set_moe_lean(saved);
 }
 
+// The n-tile cap (set_moe_max_ntiles): experts with more tokens than 8 x the cap stream their weights once per
+// group of tokens (loads 0, 1 and all tokens; random routes), both activation formats, and the refusal of a
+// cap that is not a power of two up to 8.
+TEST(CudaMoeDecode, NtileCap) {
+  DSV4_REQUIRE_GPU();
+  int seed = 1000;
+  for (int cap : {1, 2, 4, 8}) {
+    SCOPED_TRACE("at most " + std::to_string(cap) + " n-tiles");
+    cudalin::set_moe_max_ntiles(cap);
+    for (int T : {9, 17, 40, 64}) run_case(small_shape(), T, Route::kLoads01All, 1.f, false, seed++);
+    run_case(small_shape(), 64, Route::kRandom, 1.f, false, seed++, true);
+    run_case(small_shape(), 33, Route::kRandom, 12.f, true, seed++, true);
+  }
+  cudalin::set_moe_max_ntiles(2);  // the default
+  EXPECT_THROW(cudalin::set_moe_max_ntiles(3), dsv4::Error);
+}
+
 TEST(CudaMoeDecode, Version1) {
   DSV4_REQUIRE_GPU();
   cudalin::set_linear_kernel_version(1);

@@ -119,6 +119,11 @@ void moe_workspace_destroy(MoeWorkspace& ws);
 // converted to f16 (exact only for UE8M0 scales in [104, 136]: the caller checks with moe_scales_fit_f16).
 // v2 knob: force the K splits per 16-row tile of w1/w3 and w2 (1, 2, 4, 8); 0 = heuristic.
 void set_moe_ksplit(int ks);
+// v2 knob: at most this many n-tiles of 8 tokens per expert pass (1, 2 = the default, 4, 8: T tokens take
+// ceil(T / 8) up to this). An expert with more tokens than 8 x the n-tiles streams its weights once per
+// group; fewer n-tiles means fewer registers, so more warps per SM. Measured (docs/GEMM_MOE.md): faster for
+// spread routes at 17-64 tokens, slower when many tokens share few experts.
+void set_moe_max_ntiles(int nt);
 // v2 knob: warps per block of the MoE decode kernels, 4 (default) or 8 (the first v2 layout).
 void set_moe_block_warps(int warps);
 // v2 knob: the lean MoE decode kernels (no activation prefetch, <= 80 registers, 6 blocks of 4 warps per SM,
