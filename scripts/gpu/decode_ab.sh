@@ -4,8 +4,9 @@
 #      (NO_OVERLAP_AB=1) on one stream, and (MOE_KS_SWEEP="2 4 8") with the MoE decode kernels' K splits
 #      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations, (MOE_WARPS_AB=1) with 8-warp MoE blocks, (GEMV_WARPS_AB=1) with 4-warp GEMV blocks,
 #      (MOE_LEAN_AB=1) without the lean MoE kernels and with lean w2 only (the default: lean w1/w3 and w2 at one token),
-#      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels), (MOE_NT_AB="2 4") at batch 16 and 64
-#      with the MoE decode's n-tiles capped;
+#      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels), (MOE_NT_AB="1 4") at batch 16 and 64
+#      with the MoE decode's n-tiles capped otherwise, (MOE_LEAN4_AB=1) at batch 2 and 4 with the lean MoE
+#      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
 #      steps (scripts/gpu/ncu_summary.py);
@@ -17,13 +18,19 @@ B=${BENCH_BUILD:-build-flash}
 CK=${FLASH_DIR:-/tmp/dsv4-flash2}
 R=${OUT:-build-flash/out}
 BIN=$B/bench/cuda_engine/bench_gpu_forward
-# ab FILE TITLE FLAGS...: the batch-1 decode with FLAGS (and this script's bench flags), stderr in $R/FILE.err.
+# abb FILE TITLE BATCHES FLAGS...: the decode at BATCHES (e.g. 16,64) with FLAGS (and this script's bench
+# flags), stderr in $R/FILE.err; ab FILE TITLE FLAGS...: the same at batch 1.
+abb() {
+  local name=$1 title=$2 batches=$3
+  shift 3
+  echo "== batch $batches decode $title"
+  $BIN --model "$CK" --batches "$batches" --prompt 256 --decode 16 --prefill 0 "$@" "${BENCH_FLAGS[@]}" \
+    2> "$R/$name.err" | grep -E "^\| [0-9]+ \| [0-9]+ \||batch-1 decode|extrapolated"
+}
 ab() {
   local name=$1 title=$2
   shift 2
-  echo "== batch-1 decode $title"
-  $BIN --model "$CK" --batches 1 --prompt 256 --decode 16 --prefill 0 "$@" "${BENCH_FLAGS[@]}" 2> "$R/$name.err" |
-    grep -E "^\| 1 |batch-1 decode|extrapolated"
+  abb "$name" "$title" 1 "$@"
 }
 BENCH_FLAGS=("$@")
 [ -z "${SKIP_NO_PDL:-}" ] && ab no-pdl "without PDL" --no-pdl
@@ -31,17 +38,17 @@ BENCH_FLAGS=("$@")
 [ -n "${BF16_ACT_AB:-}" ] && ab bf16-act "with bf16 activations in the FP8 GEMVs (--bf16-act)" --bf16-act
 [ -n "${MOE_WARPS_AB:-}" ] && ab moe-warps8 "with 8-warp MoE blocks (--moe-warps 8)" --moe-warps 8
 [ -n "${GEMV_WARPS_AB:-}" ] && ab gemv-warps4 "with 4-warp GEMV blocks (--gemv-warps 4)" --gemv-warps 4
+# WAVE_DIV_AB="2 4": the GEMV / MoE decode grids sized to 1/N of the resident slots (--wave-div N).
+for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 if [ -n "${MOE_LEAN_AB:-}" ]; then
   ab moe-lean-off "without the lean MoE kernels (--moe-lean off)" --moe-lean off
   ab moe-lean-w2 "with the lean MoE w2 kernel only (--moe-lean w2)" --moe-lean w2
 fi
-# MOE_NT_AB="2 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N).
-for nt in ${MOE_NT_AB:-}; do
-  echo "== batch 16 / 64 decode with --moe-max-nt $nt"
-  $BIN --model "$CK" --batches 16,64 --prompt 256 --decode 16 --prefill 0 --moe-max-nt "$nt" "${BENCH_FLAGS[@]}" \
-    2> "$R/moe-nt$nt.err" | grep -E "^\| (16|64) "
-done
+# MOE_NT_AB="1 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N; default 2).
+for nt in ${MOE_NT_AB:-}; do abb "moe-nt$nt" "with --moe-max-nt $nt" 16,64 --moe-max-nt "$nt"; done
+# MOE_LEAN4_AB=1: decode at batch 2 and 4 with the lean MoE kernels up to 4 tokens (default: 1).
+[ -n "${MOE_LEAN4_AB:-}" ] && abb moe-lean4 "with --moe-lean all:4" 2,4 --moe-lean all:4
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).
 for ks in ${MOE_KS_SWEEP:-}; do ab "moe-ks$ks" "with --moe-ks $ks" --moe-ks "$ks"; done
 [ -n "${NO_NCU:-}" ] && exit 0

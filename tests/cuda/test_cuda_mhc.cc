@@ -37,6 +37,32 @@ HcWeights random_weights(std::mt19937_64& rng, int mix, int64_t dim, int n_scale
   return w;
 }
 
+// On the device: random hc_pre (or hc_head) weights, an RMSNorm weight, and the previous sub-layer's y, res,
+// post and comb for T tokens (the inputs of a fused hc_post, HcArgs::prev_*).
+struct PostInputs {
+  PostInputs(std::mt19937_64& rng, int T, int64_t D, bool head)
+      : w(random_weights(rng, head ? N : (2 + N) * N, D, head ? 1 : 3)),
+        y(T * D), res(T * N * D), post(T * N), comb(T * N * N), fn(w.fn.size()), base(w.base.size()),
+        scale(w.scale.size()), nw(D) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> hy(T * D), hres(T * N * D), hpost(T * N), hcomb(T * N * N), hnw(D);
+    for (float& v : hy) v = nd(rng);
+    for (float& v : hres) v = nd(rng);
+    for (float& v : hpost) v = 2.0f / (1.0f + std::exp(-nd(rng)));
+    for (float& v : hcomb) v = std::fabs(nd(rng)) * 0.5f;
+    for (float& v : hnw) v = 1.0f + 0.3f * nd(rng);
+    y.upload(hy); res.upload(hres); post.upload(hpost); comb.upload(hcomb); nw.upload(hnw);
+    fn.upload(w.fn); base.upload(w.base); scale.upload(w.scale);
+  }
+  // a's weights and norm weight; with fused, a's prev_* too.
+  void fill(cuda::HcArgs& a, bool fused) const {
+    a.fn = fn.get(), a.base = base.get(), a.scale = scale.get(), a.norm_w = nw.get();
+    if (fused) a.prev_y = y.get(), a.prev_res = res.get(), a.prev_post = post.get(), a.prev_comb = comb.get();
+  }
+  HcWeights w;
+  DeviceBuffer<float> y, res, post, comb, fn, base, scale, nw;
+};
+
 // fused: also the following RMSNorm (HcArgs::norm_w) and the bf16 copy of x (HcArgs::xb), against
 // cpu::rmsnorm after the CPU hc_pre / hc_head.
 void run_pre(int T, int64_t D, bool head, uint64_t seed, bool fused = false) {
@@ -154,35 +180,21 @@ TEST(CudaMhc, Post) {
 TEST(CudaMhc, FusedPostMatchesSeparateLaunches) {
   DSV4_REQUIRE_GPU();
   std::mt19937_64 rng(cuda_test::test_seed() + 500);
-  std::normal_distribution<float> nd(0.f, 1.f);
   for (bool head : {false, true})
     for (auto [T, D] : {std::pair<int, int64_t>{1, 4096}, {5, 7168}, {8, 96}, {9, 4096}, {2, 32}}) {
       SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D));
-      const int mix = head ? N : (2 + N) * N;
-      HcWeights w = random_weights(rng, mix, D, head ? 1 : 3);
-      std::vector<float> y(T * D), res(T * N * D), post(T * N), comb(T * N * N), nw(D);
-      for (float& v : y) v = nd(rng);
-      for (float& v : res) v = nd(rng);
-      for (float& v : post) v = 2.0f / (1.0f + std::exp(-nd(rng)));
-      for (float& v : comb) v = std::fabs(nd(rng)) * 0.5f;
-      for (float& v : nw) v = 1.0f + 0.3f * nd(rng);
-      DeviceBuffer<float> dy(y.size()), dr(res.size()), dp(post.size()), dc(comb.size()), dfn(w.fn.size()),
-          dbase(w.base.size()), dscale(w.scale.size()), dnw(D);
-      dy.upload(y); dr.upload(res); dp.upload(post); dc.upload(comb); dfn.upload(w.fn); dbase.upload(w.base);
-      dscale.upload(w.scale); dnw.upload(nw);
+      const PostInputs in(rng, T, D, head);
       std::vector<std::vector<float>> out[2];
       for (int fused = 0; fused < 2; ++fused) {
-        DeviceBuffer<float> dh(res.size()), dx(static_cast<size_t>(T) * D), dpo(T * N), dco(T * N * N);
+        DeviceBuffer<float> dh(static_cast<size_t>(T) * N * D), dx(static_cast<size_t>(T) * D), dpo(T * N),
+            dco(T * N * N);
         DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(T, D));
         dh.poison(); dx.poison(); dpo.poison(); dco.poison(); ws.poison();
         cuda::HcArgs a;
-        a.n_tokens = T; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
-        a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get(); a.workspace = ws.get(); a.norm_w = dnw.get();
-        if (fused) {
-          a.prev_y = dy.get(), a.prev_res = dr.get(), a.prev_post = dp.get(), a.prev_comb = dc.get();
-        } else {
-          cuda::hc_post(T, D, N, dy.get(), dr.get(), dp.get(), dc.get(), dh.get(), nullptr);
-        }
+        a.n_tokens = T; a.dim = D; a.h = dh.get(); a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get();
+        a.workspace = ws.get();
+        in.fill(a, fused);
+        if (!fused) cuda::hc_post(T, D, N, in.y.get(), in.res.get(), in.post.get(), in.comb.get(), dh.get(), nullptr);
         if (head) cuda::hc_head(a, nullptr);
         else cuda::hc_pre(a, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -196,7 +208,6 @@ TEST(CudaMhc, FusedPostMatchesSeparateLaunches) {
     }
 }
 
-// float64 Sinkhorn with the same steps as cpu::sinkhorn.
 // One token with HcArgs::counter: hc_pre / hc_head as one kernel (the last block finishes) must equal the two
 // launches bit for bit (h, x, post, comb and the bf16 / f16 copies), with and without the fused hc_post, on
 // every D path, three launches in a row (the counter re-arms itself: it must read 0 after each).
@@ -209,19 +220,9 @@ TEST(CudaMhc, OneTokenKernelMatchesTwoLaunches) {
       for (bool fused : {false, true}) {
         SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " D=" + std::to_string(D) +
                      (fused ? " with the fused hc_post" : ""));
-        const int mix = head ? N : (2 + N) * N;
-        HcWeights w = random_weights(rng, mix, D, head ? 1 : 3);
-        std::vector<float> h(N * D), y(D), res(N * D), post(N), comb(N * N), nw(D);
+        const PostInputs in(rng, 1, D, head);
+        std::vector<float> h(N * D);
         for (float& v : h) v = nd(rng);
-        for (float& v : y) v = nd(rng);
-        for (float& v : res) v = nd(rng);
-        for (float& v : post) v = 2.0f / (1.0f + std::exp(-nd(rng)));
-        for (float& v : comb) v = std::fabs(nd(rng)) * 0.5f;
-        for (float& v : nw) v = 1.0f + 0.3f * nd(rng);
-        DeviceBuffer<float> dy(y.size()), dr(res.size()), dp(post.size()), dc(comb.size()), dfn(w.fn.size()),
-            dbase(w.base.size()), dscale(w.scale.size()), dnw(D);
-        dy.upload(y); dr.upload(res); dp.upload(post); dc.upload(comb); dfn.upload(w.fn); dbase.upload(w.base);
-        dscale.upload(w.scale); dnw.upload(nw);
         DeviceBuffer<int> counter(1);
         ASSERT_EQ(cudaMemset(counter.get(), 0, sizeof(int)), cudaSuccess);
         std::vector<std::vector<uint8_t>> want;
@@ -232,10 +233,9 @@ TEST(CudaMhc, OneTokenKernelMatchesTwoLaunches) {
           dh.upload(h);
           dx.poison(); dpo.poison(); dco.poison(); dxb.poison(); dxh.poison(); ws.poison();
           cuda::HcArgs a;
-          a.n_tokens = 1; a.dim = D; a.h = dh.get(); a.fn = dfn.get(); a.base = dbase.get(); a.scale = dscale.get();
-          a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get(); a.workspace = ws.get(); a.norm_w = dnw.get();
-          a.xb = dxb.get(); a.xh = dxh.get();
-          if (fused) a.prev_y = dy.get(), a.prev_res = dr.get(), a.prev_post = dp.get(), a.prev_comb = dc.get();
+          a.n_tokens = 1; a.dim = D; a.h = dh.get(); a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get();
+          a.workspace = ws.get(); a.xb = dxb.get(); a.xh = dxh.get();
+          in.fill(a, fused);
           if (run > 0) a.counter = counter.get();
           if (head) cuda::hc_head(a, nullptr);
           else cuda::hc_pre(a, nullptr);
@@ -260,6 +260,7 @@ TEST(CudaMhc, OneTokenKernelMatchesTwoLaunches) {
       }
 }
 
+// float64 Sinkhorn with the same steps as cpu::sinkhorn.
 void sinkhorn64(double* c, int iters, double eps) {
   for (int j = 0; j < N; ++j) {
     double mx = c[j * N];

@@ -233,6 +233,22 @@ TEST(CudaGemv, FourWarpBlocks) {
 }
 
 // The first kernels (still the fallback for weights the cp.async path cannot take).
+// Grids sized to 1/2 and 1/8 of the resident slots (set_decode_wave_div; default 1): other K splits, the same
+// results within the bounds, and the refusal of a divisor outside 1..8.
+TEST(CudaGemv, WaveDivisor) {
+  DSV4_REQUIRE_GPU();
+  uint64_t salt = 70;
+  for (int div : {2, 8}) {
+    cudalin::set_decode_wave_div(div);
+    run_case(Kind::kFp8, 2048, 4096, {1, 9, 64}, ++salt);
+    run_case(Kind::kFp8F16, 1536, 4096, {1, 4}, ++salt);
+    run_case(Kind::kFp4, 384, 1024, {1, 23}, ++salt);
+    run_case(Kind::kFp8, 32768, 1024, {1}, ++salt);
+  }
+  cudalin::set_decode_wave_div(1);
+  EXPECT_THROW(cudalin::set_decode_wave_div(0), Error);
+}
+
 TEST(CudaGemv, Version1) {
   DSV4_REQUIRE_GPU();
   cudalin::set_linear_kernel_version(1);

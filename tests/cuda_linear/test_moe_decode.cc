@@ -231,6 +231,21 @@ TEST(CudaMoeDecode, NtileCap) {
   EXPECT_THROW(cudalin::set_moe_max_ntiles(3), dsv4::Error);
 }
 
+// The MoE decode grids sized to 1/2 and 1/8 of the resident slots (set_decode_wave_div): fewer K splits.
+TEST(CudaMoeDecode, WaveDivisor) {
+  DSV4_REQUIRE_GPU();
+  int seed = 1100;
+  for (int div : {2, 8}) {
+    cudalin::set_decode_wave_div(div);
+    for (int T : {1, 4, 17, 64}) run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++, true);
+    run_case(small_shape(), 9, Route::kLoads01All, 1.f, false, seed++);
+    cudalin::MoeShape f;  // V4-Flash width, 10 experts
+    f.n_experts = 10;
+    run_case(f, 1, Route::kRandom, 1.f, false, seed++, true);
+  }
+  cudalin::set_decode_wave_div(1);
+}
+
 TEST(CudaMoeDecode, Version1) {
   DSV4_REQUIRE_GPU();
   cudalin::set_linear_kernel_version(1);

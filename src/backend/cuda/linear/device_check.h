@@ -28,6 +28,9 @@ void launch_pdl_threads(void (*kernel)(KArgs...), dim3 grid, int threads, int sm
              "kernel launch");
 }
 
+// set_decode_wave_div's divisor (gemv.cu), read by the MoE decode's split picker too.
+int decode_wave_div();
+
 // Resident blocks per SM of a kernel at `threads` threads and `smem` dynamic bytes (after opting in to > 48 KB).
 template <typename K>
 int blocks_per_sm(K* kernel, int threads, int smem) {

@@ -81,9 +81,14 @@ void set_linear_pdl(bool on);
 void set_gemv_chunks_per_warp(int cpw);
 // v2: force the K splits per 16-row tile (a power of two; > 8 splits K across blocks); 0 = heuristic.
 void set_gemv_ksplit(int ks);
-// v2: warps per block, 8 (default) or 4 (smaller blocks spread a grid of under one wave over more SMs; an
-// experiment, not yet measured: docs/NOTES.md).
+// v2: warps per block, 8 (default) or 4 (smaller blocks spread a grid of under one wave over more SMs;
+// measured slower at V4-Flash width, run 12 of docs/PERFORMANCE.md).
 void set_gemv_block_warps(int warps);
+// v2 experiment, not yet measured (docs/NOTES.md): the GEMV and MoE decode split pickers size their grids to
+// 1 / div of the resident-block slots (default 1: a full wave). With div 2 each call leaves room on every SM
+// for the next kernel's blocks, whose weight prologue (issued before their PDL wait) then overlaps this
+// kernel instead of following it.
+void set_decode_wave_div(int div);
 
 // y[i] = bf16(x[i]) (round to nearest even).
 void cast_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);

@@ -438,8 +438,9 @@ struct Moe2 {
     return n;
   }
   static void run(Moe2Args a, int max_active, cudaStream_t s) {
-    const int sms = device_info().sm_count;
-    // K splits per tile: the most (<= MW, <= chunks) whose grid still fits one wave of resident blocks.
+    const int sms = device_info().sm_count, div = decode_wave_div();
+    // K splits per tile: the most (<= MW, <= chunks) whose grid still fits one wave of resident blocks (or
+    // 1 / div of it: set_decode_wave_div).
     auto pick = [&](int tiles, int C, int cap) {
       int ks = 1;
       while (ks * 2 <= MW && ks * 2 <= C && int64_t((tiles + MW / (ks * 2) - 1) / (MW / (ks * 2))) * max_active <= cap)
@@ -452,7 +453,7 @@ struct Moe2 {
     };
     // One launch of w1/w3 (tiles of inter) or w2 (tiles of hidden) with the K splits its occupancy allows.
     auto launch = [&](auto* kernel, int occ, int tiles, int C, int smem) {
-      a.ksb = pick(tiles, C, sms * occ);
+      a.ksb = pick(tiles, C, std::max(1, sms * occ / div));
       const int tpb = MW / a.ksb;
       launch_pdl_threads(kernel, dim3((tiles + tpb - 1) / tpb, max_active), MW * 32, smem, s, a);
     };
