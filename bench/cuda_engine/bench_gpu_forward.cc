@@ -8,6 +8,7 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
+//                     [--moe-split LIGHT]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -17,6 +18,8 @@
 // --bf16-act: GpuOptions::f16_activations off (the FP8 GEMVs read bf16 activations, as before 2026-11-30).
 // --moe-warps N: warps per block of the MoE decode kernels (cudalin::set_moe_block_warps; default 4).
 // --gemv-warps N: warps per block of the decode GEMV (cudalin::set_gemv_block_warps; default 8).
+// --moe-split LIGHT: the MoE decode kernels chosen per expert by its load (cudalin::set_moe_split; light
+//   experts: <= LIGHT pairs up to 8 tokens, <= 8 above).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -143,6 +146,7 @@ int main(int argc, char** argv) {
     else if (a == "--moe-ks") cudalin::set_moe_ksplit(std::atoi(next().c_str()));
     else if (a == "--moe-max-nt") cudalin::set_moe_max_ntiles(std::atoi(next().c_str()));
     else if (a == "--wave-div") cudalin::set_decode_wave_div(std::atoi(next().c_str()));
+    else if (a == "--moe-split") cudalin::set_moe_split({true, std::atoi(next().c_str())});
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--hc-two-kernels") hc_one_kernel = false;

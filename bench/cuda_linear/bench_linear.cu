@@ -2,7 +2,7 @@
 // (bytes that must be read / the device-to-device copy bandwidth measured in the same run) and against
 // cuBLAS bf16. Prints a markdown table. Usage: bench_cuda_linear [--quick | --diag | --moe-nt | --f16-ab | --profile]
 // (--diag: DRAM vs L2-resident rows of the batch-1 kernels and the lean MoE kernels; --moe-nt: the MoE decode
-// rows with the n-tile count capped at 8, 4, 2, 1: cudalin::set_moe_max_ntiles).
+// rows with the n-tile count capped at 8, 4, 2, 1 (cudalin::set_moe_max_ntiles) and split by expert load).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -361,6 +361,12 @@ int main(int argc, char** argv) {
       bench_moe(true);
     }
     cudalin::set_moe_max_ntiles(2);  // the default
+    for (int light : {1, 2}) {  // the split by expert load (set_moe_split)
+      cudalin::set_moe_split({true, light});
+      g_moe_tag = ", split at " + std::to_string(light) + " pairs";
+      bench_moe(true);
+    }
+    cudalin::set_moe_split({});
     g_moe_tag.clear();
     print_rows();
     return 0;

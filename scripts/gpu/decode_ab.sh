@@ -6,7 +6,8 @@
 #      (MOE_LEAN_AB=1) without the lean MoE kernels and with lean w2 only (the default: lean w1/w3 and w2 at one token),
 #      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels), (MOE_NT_AB="1 4") at batch 16 and 64
 #      with the MoE decode's n-tiles capped otherwise, (MOE_LEAN4_AB=1) at batch 2 and 4 with the lean MoE
-#      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave;
+#      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave, (MOE_SPLIT_AB="1 2")
+#      at batch 4 / 16 / 64 with the MoE kernels chosen per expert load;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
 #      steps (scripts/gpu/ncu_summary.py);
@@ -47,6 +48,8 @@ if [ -n "${MOE_LEAN_AB:-}" ]; then
 fi
 # MOE_NT_AB="1 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N; default 2).
 for nt in ${MOE_NT_AB:-}; do abb "moe-nt$nt" "with --moe-max-nt $nt" 16,64 --moe-max-nt "$nt"; done
+# MOE_SPLIT_AB="1 2": decode at batch 4, 16 and 64 with the MoE kernels chosen per expert load (--moe-split N).
+for l in ${MOE_SPLIT_AB:-}; do abb "moe-split$l" "with --moe-split $l" 4,16,64 --moe-split "$l"; done
 # MOE_LEAN4_AB=1: decode at batch 2 and 4 with the lean MoE kernels up to 4 tokens (default: 1).
 [ -n "${MOE_LEAN4_AB:-}" ] && abb moe-lean4 "with --moe-lean all:4" 2,4 --moe-lean all:4
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).

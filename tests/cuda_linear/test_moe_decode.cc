@@ -246,6 +246,41 @@ TEST(CudaMoeDecode, WaveDivisor) {
   cudalin::set_decode_wave_div(1);
 }
 
+// The split by expert load (set_moe_split; f16 activations and 4-warp blocks, where it applies): light
+// experts through the one-n-tile kernels, heavy ones through the kernels sized for T, the two w2 launches
+// sharing the per-token combine. Loads 0, 1 and all tokens, an expert listed twice per token, random routes,
+// both split points, T from 2 (the split's first) to 64, every forced K split on the short shape; T = 1 and
+// bf16 activations, where it does not apply.
+TEST(CudaMoeDecode, SplitByExpertLoad) {
+  DSV4_REQUIRE_GPU();
+  int seed = 1200;
+  for (int light : {1, 2}) {
+    SCOPED_TRACE("light experts: <= " + std::to_string(light) + " pairs");
+    cudalin::set_moe_split({true, light});
+    for (int T : {1, 2, 3, 8, 9, 17, 40, 64}) {
+      run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++, true);
+      run_case(small_shape(), T, Route::kLoads01All, 1.f, T % 2 == 1, seed++, true);
+    }
+    run_case(small_shape(), 8, Route::kDuplicate, 1.f, false, seed++, true);
+    run_case(small_shape(), 64, Route::kDuplicate, 1.f, false, seed++, true);
+    run_case(small_shape(), 5, Route::kRandom, 12.f, true, seed++, true);
+    run_case(small_shape(), 9, Route::kLoads01All, 1.f, false, seed++);  // bf16: no split
+    cudalin::MoeShape s = small_shape();
+    s.hidden = 1152, s.inter = 384;
+    for (int ks : {1, 2, 4, 8}) {
+      cudalin::set_moe_ksplit(ks);
+      run_case(s, 4, Route::kLoads01All, 1.f, false, seed++, true);
+      run_case(s, 33, Route::kLoads01All, 1.f, false, seed++, true);
+    }
+    cudalin::set_moe_ksplit(0);
+    cudalin::MoeShape f;  // V4-Flash width, 10 experts
+    f.n_experts = 10;
+    run_case(f, 4, Route::kRandom, 1.f, false, seed++, true);
+  }
+  cudalin::set_moe_split({});
+  EXPECT_THROW(cudalin::set_moe_split({true, 9}), dsv4::Error);
+}
+
 TEST(CudaMoeDecode, Version1) {
   DSV4_REQUIRE_GPU();
   cudalin::set_linear_kernel_version(1);

@@ -144,6 +144,17 @@ struct MoeLean {
 };
 void set_moe_lean(const MoeLean& lean);
 MoeLean moe_lean();
+// v2 experiment (off by default; written 2026-11-30, not yet run: docs/NOTES.md): from 2 tokens, choose the
+// kernel per expert by its pair count on the device, in two launches per matrix: light experts (<=
+// light_tokens pairs up to 8 tokens, <= 8 pairs above) through the one-n-tile kernels (the lean ones up to 8
+// tokens, as set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
+// (set_moe_max_ntiles does not apply). Meant to keep the lean kernels' and the n-tile cap's gains on spread
+// routes without their losses when tokens share experts.
+struct MoeSplit {
+  bool on = false;
+  int light_tokens = 1;
+};
+void set_moe_split(const MoeSplit& split);
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,

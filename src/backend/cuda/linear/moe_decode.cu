@@ -25,6 +25,7 @@ constexpr int kMaxExperts = 1024;
 int g_force_moe_ks = 0;
 int g_moe_warps = 4;  // set_moe_block_warps
 int g_moe_max_nt = 2;  // set_moe_max_ntiles
+MoeSplit g_moe_split;  // set_moe_split
 MoeLean g_moe_lean;  // set_moe_lean
 
 // meta layout (ints): [0] n_active | [1, 1+E) active expert ids | [1+E, 2+2E) offsets into the pair lists |
@@ -243,6 +244,56 @@ __device__ Slot find_slot(const int32_t* idx, int P, int E, int slot, int* s_pid
   return Slot{s_info[0], s_info[1], s_info[2]};
 }
 
+// find_slot for the heavy launch of a split (set_moe_split): the slot-th expert, in id order, among those with
+// at least lo pairs; the same Slot (off = valid pairs of smaller experts, s_pid = its pairs in order) as
+// find_slot gives that expert. s_cnt: E ints of scratch (the caller's ring, unused until streaming starts).
+__device__ Slot find_slot_heavy(const int32_t* idx, int P, int E, int slot, int lo, int* s_pid, int* s_cnt,
+                                int* s_info) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const int lane = threadIdx.x & 31;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = idx[p];
+    if (e >= 0 && e < E) atomicAdd(&s_cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int e = -1, less = 0, seen = 0;  // seen: heavy experts in earlier groups of 32 ids
+    for (int base = 0; base < E; base += 32) {  // warp-uniform control flow throughout
+      const int c = base + lane < E ? s_cnt[base + lane] : 0;
+      const unsigned heavy = __ballot_sync(kAll, c >= lo);
+      const int n = __popc(heavy);
+      int sum = c;
+      if (slot < seen + n) {
+        unsigned w = heavy;
+        for (int j = seen; j < slot; ++j) w &= w - 1u;
+        const int owner = __ffs(w) - 1;
+        e = base + owner;
+        sum = lane < owner ? c : 0;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kAll, sum, o);
+      less += sum;
+      if (e >= 0) break;
+      seen += n;
+    }
+    int n = 0;
+    if (e >= 0) {
+      for (int base = 0; base < P; base += 32) {
+        const int p = base + lane;
+        const int v = p < P ? idx[p] : -1;
+        const unsigned m = __ballot_sync(kAll, v == e);
+        if (v == e) s_pid[n + __popc(m & ((1u << lane) - 1u))] = p;
+        n += __popc(m);
+      }
+    }
+    if (lane == 0) s_info[0] = e, s_info[1] = less, s_info[2] = n;
+  }
+  __syncthreads();
+  return Slot{s_info[0], s_info[1], s_info[2]};
+}
+
 constexpr int kMoeStages = 4;
 // MW warps per block: 4 by default (set_moe_block_warps). At one token the w1/w3 grid is 6 experts x 128 row
 // tiles; in blocks of 8 warps that is 192 blocks for 264 slots (60 SMs run two, 72 one, and the kernels are
@@ -277,11 +328,32 @@ struct Moe2Args {
   int* counters;  // [T, gridDim.x of w2], zero between launches
   bool accumulate;
   int ksb;
+  // A split launch (set_moe_split, MoeClass): light kernels take experts of <= ntok_hi pairs, heavy ones the
+  // experts of >= ntok_lo pairs.
+  int ntok_lo = 1, ntok_hi = kMaxPairs;
 };
+static_assert(moe2_smem<1, 4>() >= kMaxExperts * int(sizeof(int)), "find_slot_heavy counts experts in the ring");
 
-template <int NT, bool H16, int MW, bool LEAN = false>
+// Expert classes of the v2 kernels (a template parameter, so the default kernels carry no split code):
+// every expert, or a split launch's light experts (<= ntok_hi pairs) or heavy ones (>= ntok_lo pairs; the
+// grid's y counts only those: find_slot_heavy). set_moe_split.
+enum MoeClass { kAllExperts = 0, kLight = 1, kHeavy = 2 };
+
+// The block's expert in its class; e = -1 when it has none.
+template <int CLASS>
+__device__ __forceinline__ Slot block_slot(const Moe2Args& a, int* s_pid, unsigned* s_bits, int* s_info, void* ring) {
+  if constexpr (CLASS == kHeavy) {
+    return find_slot_heavy(a.idx, a.P, a.E, blockIdx.y, a.ntok_lo, s_pid, static_cast<int*>(ring), s_info);
+  } else {
+    Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
+    if (CLASS == kLight && sl.ntok > a.ntok_hi) sl.e = -1;
+    return sl;
+  }
+}
+
+template <int NT, bool H16, int MW, bool LEAN = false, int CLASS = kAllExperts>
 __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blocks(NT, MW)) w13_v2_kernel(Moe2Args a) {
-  static_assert(!LEAN || NT == 1, "the lean kernels are for T <= 8");
+  static_assert(!LEAN || (NT == 1 && CLASS != kHeavy), "the lean kernels are for T <= 8, light experts");
   constexpr int kStages = LEAN ? kLeanW13Stages : kMoeStages;
   extern __shared__ uint4 ring[];
   __shared__ float red[2][MW][128];
@@ -290,7 +362,7 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
   __shared__ int s_info[3];
   cuda::pdl::wait();  // routes and activations come from the preceding kernels
   cuda::pdl::trigger();
-  const Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
+  const Slot sl = block_slot<CLASS>(a, s_pid, s_bits, s_info, ring);
   if (sl.e < 0) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int ksb = a.ksb, tpb = MW / ksb, tiles = a.inter / 16, C = a.hidden / 128;
@@ -353,9 +425,9 @@ __device__ __forceinline__ void combine_rows(const Moe2Args& a, int t, int r0, i
   }
 }
 
-template <int NT, bool H16, int MW, bool LEAN = false>
+template <int NT, bool H16, int MW, bool LEAN = false, int CLASS = kAllExperts>
 __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blocks(NT, MW)) w2_v2_kernel(Moe2Args a) {
-  static_assert(!LEAN || NT == 1, "the lean kernels are for T <= 8");
+  static_assert(!LEAN || (NT == 1 && CLASS != kHeavy), "the lean kernels are for T <= 8, light experts");
   extern __shared__ uint4 ring[];
   __shared__ float red[MW][128];
   __shared__ int s_pid[kMaxPairs];
@@ -367,7 +439,7 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
   const int r0 = blockIdx.x * tpb * 16, nrows = min(tpb * 16, a.hidden - r0);
   // PDL: idx was written before w13 started (w13 triggers after its wait), so it may be read before
   // pdl_wait(); h, ybuf and out only after it.
-  if (blockIdx.y == 0) {  // tokens whose every id is invalid get no expert block: NaN like the old combine
+  if (CLASS != kHeavy && blockIdx.y == 0) {  // tokens whose every id is invalid get no expert block: NaN
     if (threadIdx.x < a.T) s_zero[threadIdx.x] = valid_slots(a.idx, threadIdx.x, a.top_k, a.E) == 0;
     __syncthreads();
     for (int t = 0; t < a.T; ++t)
@@ -376,7 +448,7 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
         combine_rows(a, t, r0, nrows);
       }
   }
-  const Slot sl = find_slot(a.idx, a.P, a.E, blockIdx.y, s_pid, s_bits, s_info);
+  const Slot sl = block_slot<CLASS>(a, s_pid, s_bits, s_info, ring);
   if (sl.e < 0) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * tpb + warp / ksb, ks = warp % ksb;
@@ -427,50 +499,83 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
 template <int NT, bool H16, int MW>
 struct Moe2 {
   // Resident blocks per SM of each kernel (the lean ones exist for NT == 1 only).
-  template <bool LEAN>
+  template <bool LEAN, int CLASS = kAllExperts>
   static int occ13() {
-    static const int n = blocks_per_sm(w13_v2_kernel<NT, H16, MW, LEAN>, MW * 32, moe2_ring_smem<2, MW, LEAN>());
+    static const int n = blocks_per_sm(w13_v2_kernel<NT, H16, MW, LEAN, CLASS>, MW * 32, moe2_ring_smem<2, MW, LEAN>());
     return n;
   }
-  template <bool LEAN>
+  template <bool LEAN, int CLASS = kAllExperts>
   static int occ2() {
-    static const int n = blocks_per_sm(w2_v2_kernel<NT, H16, MW, LEAN>, MW * 32, moe2_ring_smem<1, MW, LEAN>());
+    static const int n = blocks_per_sm(w2_v2_kernel<NT, H16, MW, LEAN, CLASS>, MW * 32, moe2_ring_smem<1, MW, LEAN>());
     return n;
   }
-  static void run(Moe2Args a, int max_active, cudaStream_t s) {
-    const int sms = device_info().sm_count, div = decode_wave_div();
-    // K splits per tile: the most (<= MW, <= chunks) whose grid still fits one wave of resident blocks (or
-    // 1 / div of it: set_decode_wave_div).
-    auto pick = [&](int tiles, int C, int cap) {
-      int ks = 1;
-      while (ks * 2 <= MW && ks * 2 <= C && int64_t((tiles + MW / (ks * 2) - 1) / (MW / (ks * 2))) * max_active <= cap)
-        ks *= 2;
-      if (g_force_moe_ks > 0) {
-        ks = 1;
-        while (ks * 2 <= std::min({g_force_moe_ks, C, MW})) ks *= 2;
-      }
-      return ks;
-    };
-    // One launch of w1/w3 (tiles of inter) or w2 (tiles of hidden) with the K splits its occupancy allows.
-    auto launch = [&](auto* kernel, int occ, int tiles, int C, int smem) {
-      a.ksb = pick(tiles, C, std::max(1, sms * occ / div));
-      const int tpb = MW / a.ksb;
-      launch_pdl_threads(kernel, dim3((tiles + tpb - 1) / tpb, max_active), MW * 32, smem, s, a);
-    };
+  // K splits per tile: the most (<= MW, <= chunks) whose grid of y expert slots still fits one wave of
+  // resident blocks at occ blocks per SM (or 1 / div of it: set_decode_wave_div).
+  static int pick(int tiles, int C, int occ, int y) {
+    const int64_t cap = std::max(1, device_info().sm_count * occ / decode_wave_div());
+    int ks = 1;
+    while (ks * 2 <= MW && ks * 2 <= C && int64_t((tiles + MW / (ks * 2) - 1) / (MW / (ks * 2))) * y <= cap) ks *= 2;
+    if (g_force_moe_ks > 0) {
+      ks = 1;
+      while (ks * 2 <= std::min({g_force_moe_ks, C, MW})) ks *= 2;
+    }
+    return ks;
+  }
+  // w1/w3 over y expert slots (tiles of inter).
+  template <bool LEAN, int CLASS = kAllExperts>
+  static void w13(Moe2Args a, int y, cudaStream_t s) {
+    a.ksb = pick(a.inter / 16, a.hidden / 128, occ13<LEAN, CLASS>(), y);
+    const int tpb = MW / a.ksb, tiles = a.inter / 16;
+    launch_pdl_threads(w13_v2_kernel<NT, H16, MW, LEAN, CLASS>, dim3((tiles + tpb - 1) / tpb, y), MW * 32,
+                       moe2_ring_smem<2, MW, LEAN>(), s, a);
+  }
+  // w2 over y expert slots (tiles of hidden) with ksb K splits (0: pick them); returns them. The row
+  // blocking (MW / ksb tiles per block) indexes w2's per-token arrival counters, so both w2 launches of a
+  // split share it.
+  template <bool LEAN, int CLASS = kAllExperts>
+  static int w2(Moe2Args a, int y, int ksb, cudaStream_t s) {
+    a.ksb = ksb > 0 ? ksb : pick(a.hidden / 16, a.inter / 128, occ2<LEAN, CLASS>(), y);
+    const int tpb = MW / a.ksb, tiles = a.hidden / 16;
+    launch_pdl_threads(w2_v2_kernel<NT, H16, MW, LEAN, CLASS>, dim3((tiles + tpb - 1) / tpb, y), MW * 32,
+                       moe2_smem<1, MW>(), s, a);
+    return a.ksb;
+  }
+  static void run(const Moe2Args& a, int max_active, cudaStream_t s) {
     const bool lean13 = NT == 1 && g_moe_lean.w13 && a.T <= g_moe_lean.max_tokens && a.P <= kLeanPairs;
     const bool lean2 = NT == 1 && g_moe_lean.w2 && a.T <= g_moe_lean.max_tokens;
     if constexpr (NT == 1) {
-      if (lean13) launch(w13_v2_kernel<NT, H16, MW, true>, occ13<true>(), a.inter / 16, a.hidden / 128,
-                         moe2_ring_smem<2, MW, true>());
+      if (lean13) w13<true>(a, max_active, s);
+      if (lean2) {
+        if (!lean13) w13<false>(a, max_active, s);
+        w2<true>(a, max_active, 0, s);
+        return;
+      }
     }
-    if (!lean13) launch(w13_v2_kernel<NT, H16, MW>, occ13<false>(), a.inter / 16, a.hidden / 128, moe2_smem<2, MW>());
-    if constexpr (NT == 1) {
-      if (lean2) return launch(w2_v2_kernel<NT, H16, MW, true>, occ2<true>(), a.hidden / 16, a.inter / 128,
-                               moe2_smem<1, MW>());
-    }
-    launch(w2_v2_kernel<NT, H16, MW>, occ2<false>(), a.hidden / 16, a.inter / 128, moe2_smem<1, MW>());
+    if (!lean13) w13<false>(a, max_active, s);
+    w2<false>(a, max_active, 0, s);
   }
 };
+
+// A split launch (set_moe_split): the experts with at most light_max pairs through the NT = 1 kernels (lean
+// ones where `lean` and set_moe_lean's kernel flags allow), the others through the NTH kernels, in the order
+// w1/w3 light, heavy, w2 light, heavy (PDL keeps each after its predecessor). The heavy grid has one slot per
+// expert that can have more than light_max pairs.
+template <int MW, int NTH>
+void run_split(const Moe2Args& a, int max_active, int light_max, bool lean, cudaStream_t s) {
+  using L = Moe2<1, true, MW>;
+  using H = Moe2<NTH, true, MW>;
+  Moe2Args light = a, heavy = a;
+  light.ntok_hi = light_max;
+  heavy.ntok_lo = light_max + 1;
+  const int heavy_y = std::min(max_active, a.P / (light_max + 1));
+  const bool lean13 = lean && g_moe_lean.w13 && a.P <= kLeanPairs, lean2 = lean && g_moe_lean.w2;
+  if (lean13) L::template w13<true, kLight>(light, max_active, s);
+  else L::template w13<false, kLight>(light, max_active, s);
+  if (heavy_y > 0) H::template w13<false, kHeavy>(heavy, heavy_y, s);
+  const int ksb = lean2 ? L::template w2<true, kLight>(light, max_active, 0, s)
+                        : L::template w2<false, kLight>(light, max_active, 0, s);
+  if (heavy_y > 0) H::template w2<false, kHeavy>(heavy, heavy_y, ksb, s);
+}
 
 template <int NT>
 void launch_experts(int cpw13, int cpw2, dim3 g13, dim3 g2, const MoeArgs& a, cudaStream_t s) {
@@ -494,6 +599,15 @@ void launch_experts(int cpw13, int cpw2, dim3 g13, dim3 g2, const MoeArgs& a, cu
 // 450 -> 632 us): the NT = 8 kernels hold 234-246 registers, so 2 blocks of 4 warps per SM.
 template <bool H16, int MW>
 void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
+  // The split's kernels are built for the default format and blocks only (f16 activations, 4 warps).
+  if constexpr (H16 && MW == 4) {
+    if (g_moe_split.on && T >= 2) {
+      if (T <= 8) return run_split<MW, 1>(a, max_active, g_moe_split.light_tokens, true, stream);
+      if (T <= 16) return run_split<MW, 2>(a, max_active, 8, false, stream);
+      if (T <= 32) return run_split<MW, 4>(a, max_active, 8, false, stream);
+      return run_split<MW, 8>(a, max_active, 8, false, stream);
+    }
+  }
   if (T <= 8 || g_moe_max_nt == 1) Moe2<1, H16, MW>::run(a, max_active, stream);
   else if (T <= 16 || g_moe_max_nt == 2) Moe2<2, H16, MW>::run(a, max_active, stream);
   else if (T <= 32 || g_moe_max_nt == 4) Moe2<4, H16, MW>::run(a, max_active, stream);
@@ -529,6 +643,11 @@ void set_moe_lean(const MoeLean& lean) {
   g_moe_lean = lean;
 }
 MoeLean moe_lean() { return g_moe_lean; }
+void set_moe_split(const MoeSplit& split) {
+  if (split.light_tokens < 1 || split.light_tokens > 8)
+    throw Error(str_cat("cuda moe_decode: split at ", split.light_tokens, " pairs per light expert (1..8)"));
+  g_moe_split = split;
+}
 void set_moe_block_warps(int warps) {
   if (warps != 4 && warps != 8) throw Error(str_cat("cuda moe_decode: ", warps, " warps per block (4 or 8)"));
   g_moe_warps = warps;
