@@ -1,7 +1,9 @@
 // Device helpers shared by the attention-path kernels (indexer.cu, sparse_attention.cu): exact scalar
-// decoding, the m16n8k16 tensor-core MMAs, cp.async group control, and the bf16 hi + lo split.
+// decoding, the m16n8k16 tensor-core MMAs, cp.async group control, and the bf16 hi + lo split; and the one
+// float -> 16-bit activation rounding of every kernel that writes a copy for a GEMV (glue, gemv, moe).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -12,6 +14,12 @@ __device__ __forceinline__ float e8m0(uint8_t e) {
   if (e == 0xff) return __int_as_float(0x7fc00000);
   if (e == 0) return __int_as_float(0x00400000);
   return __int_as_float(static_cast<int>(e) << 23);
+}
+
+// The bits of f rounded to nearest even as bf16, or as f16 (the FP8 GEMVs' f16 activations,
+// cudalin::ActFormat; |f| > 65504 gives inf): the 16-bit copies the decode GEMVs and MoE kernels read.
+__device__ __forceinline__ uint16_t act16_bits_rn(float f, bool f16) {
+  return f16 ? __half_as_ushort(__float2half_rn(f)) : __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
 // d += a b on the tensor cores, bf16 (or f16) inputs, fp32 accumulation; row.col fragments as PTX defines.

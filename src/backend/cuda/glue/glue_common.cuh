@@ -8,23 +8,18 @@
 
 #include "backend/cuda/glue/glue.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dsv4::glue::detail {
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+// The 16-bit copy a GEMV reads: bf16, or f16 for the FP8 GEMVs' f16 activations (backend/cuda/ptx.cuh).
+using cuda::ptx::act16_bits_rn;
 // bf16 bits of f, round to nearest even (as cudalin::cast_f32_to_bf16).
-__device__ __forceinline__ uint16_t bf16_bits_rn(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-// The 16-bit copy a GEMV reads: bf16, or f16 for the FP8 GEMVs' f16 activations (cudalin::ActFormat).
-__device__ __forceinline__ uint16_t act16_bits_rn(float f, bool f16) {
-  return f16 ? __half_as_ushort(__float2half_rn(f)) : bf16_bits_rn(f);
-}
+__device__ __forceinline__ uint16_t bf16_bits_rn(float f) { return act16_bits_rn(f, false); }
 
-// UE8M0 2^(e-127); 0xFF is NaN; e = 0 is the float subnormal 2^-127.
-__device__ __forceinline__ float e8m0_to_f32(uint8_t e) {
-  if (e == 0xff) return __uint_as_float(0x7fc00000u);
-  if (e == 0) return __uint_as_float(0x00400000u);
-  return __uint_as_float(uint32_t(e) << 23);
-}
+// UE8M0 2^(e-127); 0xFF is NaN; e = 0 is the float subnormal 2^-127 (backend/cuda/ptx.cuh).
+__device__ __forceinline__ float e8m0_to_f32(uint8_t e) { return cuda::ptx::e8m0(e); }
 
 // e4m3fn -> f32, exact (every e4m3 value, subnormals included, is a half value).
 __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "backend/cuda/linear/stream.cuh"
@@ -45,7 +46,7 @@ struct GemvArgs {
 // y[i] = v, and its 16-bit copy (round to nearest even) when asked for.
 __device__ __forceinline__ void store_y(const GemvArgs& a, int64_t i, float v) {
   a.y[i] = v;
-  if (a.y16) a.y16[i] = a.y16_f16 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  if (a.y16) a.y16[i] = cuda::ptx::act16_bits_rn(v, a.y16_f16);
 }
 
 // The activations of row tile `tile` (16 rows): the group's column block in the grouped form.

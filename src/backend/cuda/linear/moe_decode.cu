@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "backend/cuda/linear/stream.cuh"
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
         }
         const float hv = gv / (1.0f + expf(-gv)) * uv * a.rw[s_pid[j]];
         a.h[int64_t(sl.off + j) * a.inter + tt * 16 + r] =
-            H16 ? __half_as_ushort(__float2half_rn(hv)) : __bfloat16_as_ushort(__float2bfloat16_rn(hv));
+            cuda::ptx::act16_bits_rn(hv, H16);
       }
     });
   }

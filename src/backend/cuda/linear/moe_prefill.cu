@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/linear/linear_cuda.h"
@@ -382,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
           if (a.limit > 0.f) gv = fminf(gv, a.limit), uv = fminf(fmaxf(uv, -a.limit), a.limit);
           const float hv = gv / (1.0f + expf(-gv)) * uv * s_w[col];
           const int f = blockIdx.x * (kBM / 2) + 16 * wm + g + 8 * hh;
-          a.h[size_t(pos0 + col) * a.n_out + f] = __bfloat16_as_ushort(__float2bfloat16_rn(hv));
+          a.h[size_t(pos0 + col) * a.n_out + f] = cuda::ptx::act16_bits_rn(hv, false);
         } else {
           const size_t yrow = size_t(s_pair[col]) * a.n_out;
 #pragma unroll
