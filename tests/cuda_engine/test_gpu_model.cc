@@ -368,9 +368,14 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     one.overlap_branches = false;
     two.overlap_branches = true;
     one.cuda_graphs = two.cuda_graphs = graphs;
+    const auto want = gpu(1, one, c, 40);
     expect_identical(graphs ? "selective model, kernels, fp8 KV, two streams vs one (graphs)"
                             : "selective model, kernels, fp8 KV, two streams vs one (eager)",
-                     gpu(1, two, c, 40), gpu(1, one, c, 40));
+                     gpu(1, two, c, 40), want);
+    two.kv_row_on_side = true;  // the window KV row's encode on the compressor's stream
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row on the side, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, KV row on the side, vs one stream (eager)",
+                     gpu(1, two, c, 40), want);
   }
 }
 

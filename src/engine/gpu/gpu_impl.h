@@ -104,7 +104,7 @@ struct GpuModel::Impl {
   // A third stream for the attention compressor of decode steps (it reads only x; its linears are glue
   // kernels there, so it needs no GEMV workspace), with its own fork / join events.
   cudaStream_t side2 = nullptr;
-  cudaEvent_t ev_fork2 = nullptr, ev_join2 = nullptr;
+  cudaEvent_t ev_fork2 = nullptr, ev_join2 = nullptr, ev_kv = nullptr;  // ev_kv: GpuOptions::kv_row_on_side
   DeviceWeights w;
   std::unique_ptr<DeviceState> st;
   const float *freq_window = nullptr, *freq_comp = nullptr;

@@ -201,11 +201,26 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   const float* qr_in = s.qr;
   const float* kv_in = s.kv;
   int64_t qr_ld = qlr, kv_ld = hd;
+  // The window row of each token: kv_norm, RoPE and the encode into its ring slot in one launch
+  // (glue::rmsnorm_rope_encode); the query reads it back from there.
+  auto encode_kv = [&]() {
+    glue::rmsnorm_rope_encode(kv_in, kv_ld, L.kv_norm, T, static_cast<int>(hd), eps, s.kv, pos, freq, n_freq,
+                              st->fmt_code, c->rope_head_dim, 64, P.kv, static_cast<int64_t>(st->row_bytes),
+                              meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)), stream);
+  };
+  // GpuOptions::kv_row_on_side: on the compressor's stream once the stacked GEMV has written kv (joined with
+  // the compressor, ev_join2, before the slot lists).
+  const bool kv_side = qkv_stacked && par_comp && opt.kv_row_on_side;
   if (qkv_stacked) {
     lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb);
     qr_in = s.qkv, kv_in = s.qkv + qlr, qr_ld = kv_ld = qlr + hd;
   } else {
     lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
+  }
+  if (kv_side) {
+    hand_over(stream, side2, ev_kv);
+    OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
+    encode_kv();
   }
   // The 16-bit copy for wq_b and index wq_b, written here.
   const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
@@ -219,12 +234,8 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
   mark(li, "q");
 
-  // The window row of each token, encoded into its ring slot (the query reads it back from there).
   if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
-  // kv_norm, RoPE and the encode into the ring slot: one launch (glue::rmsnorm_rope_encode).
-  glue::rmsnorm_rope_encode(kv_in, kv_ld, L.kv_norm, T, static_cast<int>(hd), eps, s.kv, pos, freq, n_freq,
-                            st->fmt_code, c->rope_head_dim, 64, P.kv, static_cast<int64_t>(st->row_bytes),
-                            meta.dev(static_cast<StepMeta::I64>(StepMeta::kRing0 + ri)), stream);
+  if (!kv_side) encode_kv();
   mark(li, "kv");
 
   if (r && !par_comp) compress_main();

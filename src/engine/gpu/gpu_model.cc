@@ -29,7 +29,7 @@ GpuModel::Impl::~Impl() {
   if (side2) cudaStreamSynchronize(side2);
   cudalin::workspace_destroy(ws);
   if (ws_side.partial) cudalin::workspace_destroy(ws_side);
-  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2})
+  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2, ev_kv})
     if (e) cudaEventDestroy(e);
   if (side) cudaStreamDestroy(side);
   if (side2) cudaStreamDestroy(side2);
@@ -286,7 +286,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   if (opt.overlap_branches) {
     cuda::check(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
     cuda::check(cudaStreamCreateWithFlags(&im.side2, cudaStreamNonBlocking), "cudaStreamCreate (side2)");
-    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2})
+    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
   }
   im.w.upload(m->host_->weights(), c, opt.progress);

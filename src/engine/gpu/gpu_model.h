@@ -57,6 +57,10 @@ struct GpuOptions {
   // One-token steps run each hc_pre / hc_head as one kernel (cuda::HcArgs::counter: the last block of the
   // mixes does the finish) instead of two. Off: two launches (same results, bit for bit).
   bool hc_one_kernel = true;
+  // Experiment, not yet measured (docs/NOTES.md): with overlap_branches and the stacked wq_a | wkv GEMV, the
+  // window KV row's encode (kv_norm + RoPE + the ring write) runs on the compressor's stream once the GEMV has
+  // written kv, off the main stream's q chain. Same results, bit for bit.
+  bool kv_row_on_side = false;
 };
 
 struct SlotPool;
