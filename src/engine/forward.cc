@@ -27,10 +27,19 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const EngineOptions& 
   m->ck_ = Checkpoint::open(dir);
   m->w_ = bind_weights(*m->ck_);
   m->opt_ = opt;
-  if (opt.act_quant) {  // EngineOptions::act_quant: every FP8 / MXFP4 linear but wo_a (BF16 ones never quantize)
-    auto q = [](LinearWeight& w) { w.quant_act = w.fmt != WeightFormat::kBF16; };
+  if (opt.act_quant && opt.bf16_activations)
+    fail("EngineOptions: act_quant and bf16_activations are two different activation formats; choose one");
+  if (opt.act_quant || opt.bf16_activations) {
+    // act_quant: every FP8 / MXFP4 linear but wo_a (the reference keeps it in bf16); bf16_activations: every one
+    // (the GPU's GEMVs read 16-bit copies of all their inputs). BF16 linears are left as they are.
+    using A = LinearWeight::ActInput;
+    const A mode = opt.act_quant ? A::kE4m3 : A::kBf16;
+    auto q = [mode](LinearWeight& w) {
+      if (w.fmt != WeightFormat::kBF16) w.act = mode;
+    };
     for (LayerWeights& L : m->w_.layers) {
       for (LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.index_wq_b, &L.e_proj, &L.h_proj}) q(*w);
+      if (opt.bf16_activations) q(L.wo_a);
       for (LinearWeight* w : {&L.shared.w1, &L.shared.w2, &L.shared.w3}) q(*w);
       for (ExpertWeights& e : L.experts)
         for (LinearWeight* w : {&e.w1, &e.w2, &e.w3}) q(*w);

@@ -20,6 +20,9 @@ struct EngineOptions {
   // of 128 (act_quant, spec dsv4-model.md 3.3) before every FP8 linear (wo_a excepted: the reference keeps it in
   // bf16) and every expert. Off (default): fp32 activations, as transformers' DeepseekV4. CPU only for now.
   bool act_quant = false;
+  // Test reference of the GPU's bf16-activation mode (GpuOptions::f16_activations off): the input of every FP8 /
+  // MXFP4 linear, wo_a included, rounded to bf16 (nearest even). Off (default): fp32. Not with act_quant.
+  bool bf16_activations = false;
 };
 
 struct SeqChunk {

@@ -18,9 +18,12 @@ struct LinearWeight {
   const uint8_t* scale = nullptr;     // FP8: [ceil(rows/B), ceil(cols/B)]; FP4: [rows, cols/32]
   bool scale_is_f32 = false;          // FP8 only: float32 scales (Flash-Base) instead of UE8M0
   int block = 128;                    // FP8 tile edge B
-  // FP8 / FP4 only: quantize the activations per token to e4m3 in blocks of 128 before the product, as
-  // DeepSeek's reference does (act_quant; EngineOptions::act_quant). Off: fp32 activations (transformers).
-  bool quant_act = false;
+  // FP8 / FP4 only: what the activations go through before the product. kE4m3: quantized per token to e4m3
+  // in blocks of 128, as DeepSeek's reference does (act_quant; EngineOptions::act_quant). kBf16: rounded to
+  // bf16, as the GPU kernels do with bf16 activations (EngineOptions::bf16_activations, a test reference).
+  // kF32 (default): unchanged, as transformers.
+  enum class ActInput { kF32, kE4m3, kBf16 };
+  ActInput act = ActInput::kF32;
   size_t bytes() const;
 };
 

@@ -2,11 +2,15 @@
 // heads x 512, indexer 64 x 128), everything else small (hidden 512, vocab 1024, 128-wide experts), window 64 so
 // the rings wrap. Layer schedule, expert count and indexer top-k vary per test.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "model/random_checkpoint.h"
 
 namespace dsv4::testing {
 
@@ -47,6 +51,31 @@ inline std::vector<int32_t> lcg_prompt(int len, uint32_t seed) {
     p.push_back(2 + static_cast<int32_t>((x >> 8) % 1000));
   }
   return p;
+}
+
+// test_gpu_model's two prompts for a run seed (300 and 137 tokens).
+inline std::vector<std::vector<int32_t>> gpu_engine_test_prompts(uint64_t seed) {
+  return {lcg_prompt(300, static_cast<uint32_t>(seed)), lcg_prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
+}
+
+// Writes test_gpu_model's continuous (selective = false) or selective model of a run seed into dir (checkpoint
+// seed: seed + selective).
+inline void write_gpu_engine_test_model(uint64_t seed, bool selective, const std::string& dir) {
+  RandomCheckpointOptions o;
+  o.seed = seed + (selective ? 1 : 0);
+  write_random_checkpoint(gpu_engine_test_config(selective), dir, o);
+}
+
+// The error of logits row a against the reference row b: max |a - b| / max |b|; NaN or inf in a gives inf
+// (std::max would drop a NaN).
+inline double row_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double mx = 0, err = 0;
+  for (size_t v = 0; v < b.size(); ++v) {
+    mx = std::max(mx, std::fabs(static_cast<double>(b[v])));
+    const double d = std::fabs(static_cast<double>(a[v]) - b[v]);
+    err = std::isfinite(d) ? std::max(err, d) : INFINITY;
+  }
+  return err / std::max(mx, 1e-30);
 }
 
 }  // namespace dsv4::testing

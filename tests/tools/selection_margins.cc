@@ -13,7 +13,6 @@
 #include "backend/cpu/selection_margin.h"
 #include "cuda_engine/attention_width_model.h"
 #include "engine/model.h"
-#include "model/random_checkpoint.h"
 
 using namespace dsv4;
 
@@ -25,11 +24,8 @@ int main(int argc, char** argv) {
   const uint64_t seed = std::strtoull(argv[1], nullptr, 10);
   const int steps = argc > 2 ? std::atoi(argv[2]) : 256;
   const std::string dir = (std::filesystem::temp_directory_path() / ("dsv4_margins_" + std::to_string(seed))).string();
-  RandomCheckpointOptions o;
-  o.seed = seed + 1;  // test_gpu_model.cc: the selective model is seed + 1
-  write_random_checkpoint(testing::gpu_engine_test_config(true), dir, o);
-  const std::vector<std::vector<int32_t>> prompts = {testing::lcg_prompt(300, static_cast<uint32_t>(seed)),
-                                                     testing::lcg_prompt(137, static_cast<uint32_t>(seed >> 20) + 7)};
+  testing::write_gpu_engine_test_model(seed, true, dir);
+  const std::vector<std::vector<int32_t>> prompts = testing::gpu_engine_test_prompts(seed);
   EngineOptions eo;
   eo.kv_dtype = KvDtype::kF32;
   auto m = Model::load(dir, eo);

@@ -101,8 +101,34 @@ TEST_F(DefaultModel, ActQuantIsPerTokenAndMovesLogitsByTheE4m3Rounding) {
     std::printf("%s model: act_quant vs fp32 activations, ||logit difference|| / ||logits|| = %.3e\n",
                 dir == cont.str() ? "continuous" : "default", rel);
     EXPECT_GT(rel, 0.0) << "act_quant changed nothing";
-    if (dir == cont.str()) EXPECT_LT(rel, 0.1);  // measured 7.4e-2; a wrong block scale moves it by O(1)
+    if (dir == cont.str()) {
+      EXPECT_LT(rel, 0.1);  // measured 7.4e-2; a wrong block scale moves it by O(1)
+    }
   }
+}
+
+// EngineOptions::bf16_activations (the reference of the GPU's bf16-activation mode): also per token, so chunking
+// does not change the logits; it changes them against fp32; and it refuses to combine with act_quant.
+TEST_F(DefaultModel, Bf16ActivationsArePerTokenAndExclusiveWithActQuant) {
+  EngineOptions o;
+  o.bf16_activations = true;
+  auto m = Model::load(dir_->str(), o), plain = Model::load(dir_->str());
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 53 + 17) % 129280);
+  auto whole = m->new_sequence();
+  const std::vector<float> a = run(*m, *whole, ids);
+  auto chunked = m->new_sequence();
+  std::vector<float> b;
+  for (size_t i = 0; i < ids.size(); i += 5) {
+    const std::vector<float> l =
+        run(*m, *chunked, std::vector<int32_t>(ids.begin() + i, ids.begin() + std::min(ids.size(), i + 5)));
+    b.insert(b.end(), l.begin(), l.end());
+  }
+  EXPECT_EQ(a, b) << "bf16-activation logits depend on the chunking";
+  auto ps = plain->new_sequence();
+  EXPECT_NE(a, run(*plain, *ps, ids)) << "bf16_activations changed nothing";
+  o.act_quant = true;
+  EXPECT_THROW(Model::load(dir_->str(), o), Error);
 }
 
 TEST_F(DefaultModel, MtpStepRunsOnTheMainStreamsAndIsChunkInvariant) {

@@ -148,30 +148,38 @@ TEST(Numerics, ActQuantE4m3PerBlockOf128) {
   EXPECT_EQ(q[1], 1.0f);
 }
 
-// A linear with LinearWeight::quant_act equals the plain linear on act_quant'ed activations, bit for bit, and
-// BF16 weights ignore the flag.
-TEST(Numerics, LinearQuantActQuantizesTheActivationsOnly) {
+// A linear with LinearWeight::act = kE4m3 (act_quant) or kBf16 equals the plain linear on activations so
+// quantized or rounded, bit for bit, and BF16 weights ignore the setting.
+TEST(Numerics, LinearActInputTransformsTheActivationsOnly) {
+  using A = LinearWeight::ActInput;
   std::mt19937 rng(12);
   std::normal_distribution<float> nd;
   const int64_t rows = 16, cols = 256, T = 3, ld = 300;
   std::vector<uint8_t> codes(rows * cols), sc = {125, 130};
   for (auto& c : codes) c = static_cast<uint8_t>(rng() % 0x7E);
-  std::vector<float> x(T * ld), xq(T * cols), y1(T * rows), y2(T * rows);
+  std::vector<float> x(T * ld), xq(T * cols), y1(T * rows), y2(T * rows), plain(T * rows);
   for (auto& v : x) v = nd(rng);
-  for (int64_t t = 0; t < T; ++t) act_quant_e4m3(x.data() + t * ld, cols, 128, xq.data() + t * cols);
   LinearWeight w;
   w.fmt = WeightFormat::kFP8Block;
   w.rows = rows;
   w.cols = cols;
   w.w = codes.data();
   w.scale = sc.data();
-  w.quant_act = true;
-  cpu::linear_rows(w, 0, rows, x.data(), T, ld, y1.data(), rows);
-  w.quant_act = false;
-  cpu::linear_rows(w, 0, rows, xq.data(), T, cols, y2.data(), rows);
-  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)));
-  cpu::linear_rows(w, 0, rows, x.data(), T, ld, y2.data(), rows);
-  EXPECT_NE(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "act_quant changed nothing";
+  cpu::linear_rows(w, 0, rows, x.data(), T, ld, plain.data(), rows);
+  for (A mode : {A::kE4m3, A::kBf16}) {
+    SCOPED_TRACE(mode == A::kE4m3 ? "e4m3 (act_quant)" : "bf16");
+    for (int64_t t = 0; t < T; ++t) {
+      if (mode == A::kE4m3) act_quant_e4m3(x.data() + t * ld, cols, 128, xq.data() + t * cols);
+      else
+        for (int64_t k = 0; k < cols; ++k) xq[t * cols + k] = round_bf16(x[t * ld + k]);
+    }
+    w.act = mode;
+    cpu::linear_rows(w, 0, rows, x.data(), T, ld, y1.data(), rows);
+    w.act = A::kF32;
+    cpu::linear_rows(w, 0, rows, xq.data(), T, cols, y2.data(), rows);
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)));
+    EXPECT_NE(0, std::memcmp(y1.data(), plain.data(), y1.size() * sizeof(float))) << "the mode changed nothing";
+  }
   std::vector<uint16_t> wb(rows * cols);
   for (auto& v : wb) v = f32_to_bf16(nd(rng));
   LinearWeight b;
@@ -179,11 +187,12 @@ TEST(Numerics, LinearQuantActQuantizesTheActivationsOnly) {
   b.rows = rows;
   b.cols = cols;
   b.w = reinterpret_cast<const uint8_t*>(wb.data());
-  b.quant_act = true;
-  cpu::linear_rows(b, 0, rows, x.data(), T, ld, y1.data(), rows);
-  b.quant_act = false;
   cpu::linear_rows(b, 0, rows, x.data(), T, ld, y2.data(), rows);
-  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "BF16 weights must ignore quant_act";
+  for (A mode : {A::kE4m3, A::kBf16}) {
+    b.act = mode;
+    cpu::linear_rows(b, 0, rows, x.data(), T, ld, y1.data(), rows);
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "BF16 weights must ignore act";
+  }
 }
 
 }  // namespace

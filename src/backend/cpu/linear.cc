@@ -72,10 +72,15 @@ void dequant_row(const LinearWeight& w, int64_t row, float* out) {
 void linear_rows(const LinearWeight& w, int64_t row_begin, int64_t rows, const float* x, int64_t T,
                  int64_t x_stride, float* y, int64_t y_stride) {
   if (row_begin < 0 || row_begin + rows > w.rows) fail("linear ", w.name, ": row range out of bounds");
-  std::vector<float> xq;  // the activations as act_quant leaves them (LinearWeight::quant_act)
-  if (w.quant_act && w.fmt != WeightFormat::kBF16) {
+  std::vector<float> xq;  // the activations as LinearWeight::act leaves them
+  if (w.act != LinearWeight::ActInput::kF32 && w.fmt != WeightFormat::kBF16) {
     xq.resize(static_cast<size_t>(T * w.cols));
-    for (int64_t t = 0; t < T; ++t) act_quant_e4m3(x + t * x_stride, w.cols, 128, xq.data() + t * w.cols);
+    for (int64_t t = 0; t < T; ++t) {
+      float* q = xq.data() + t * w.cols;
+      if (w.act == LinearWeight::ActInput::kE4m3) act_quant_e4m3(x + t * x_stride, w.cols, 128, q);
+      else
+        for (int64_t k = 0; k < w.cols; ++k) q[k] = round_bf16(x[t * x_stride + k]);
+    }
     x = xq.data(), x_stride = w.cols;
   }
   constexpr int64_t kRowBlock = 8;  // rows dequantized together, then reused across all T inputs
