@@ -316,7 +316,7 @@ __device__ __forceinline__ void finish_x(const HcArgs& a, int t, const float4 (&
 // RMSNorm(x) * norm_w (cpu::rmsnorm's formula, sum of squares in double; their own barrier, bar.sync 1) and
 // the bf16 / f16 copies (round to nearest even, as cudalin::cast_f32_to_bf16) for the linears that read x.
 // L2: h and the partials were written by other blocks of this grid (hc_one_token_kernel), so they are read
-// through L2 (ld.global.cg) rather than the non-coherent path. Ends with a barrier, so `sh` may be reused.
+// through L2 (ld.global.cg) rather than the non-coherent path.
 template <int M>
 struct FinShared {
   float mix[M + 1];
@@ -368,7 +368,6 @@ __device__ __forceinline__ void finish_token(const HcArgs& a, int ks_count, int 
   } else {
     finish_x<M>(a, t, hv, mix, part, r);
   }
-  __syncthreads();
 }
 
 // One block per token, after the mix kernels.

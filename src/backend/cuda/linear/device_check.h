@@ -28,8 +28,9 @@ void launch_pdl_threads(void (*kernel)(KArgs...), dim3 grid, int threads, int sm
              "kernel launch");
 }
 
-// set_decode_wave_div's divisor (gemv.cu), read by the MoE decode's split picker too.
-int decode_wave_div();
+// The blocks a decode grid may use at `blocks_per_sm` resident blocks per SM: one wave, or 1 / N of it
+// (set_decode_wave_div; gemv.cu). Both the GEMV and the MoE decode split pickers size their grids with it.
+int wave_blocks(int blocks_per_sm);
 
 // Resident blocks per SM of a kernel at `threads` threads and `smem` dynamic bytes (after opting in to > 48 KB).
 template <typename K>

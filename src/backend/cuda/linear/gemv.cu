@@ -254,12 +254,12 @@ static int g_force_cpw = 0;
 void set_gemv_chunks_per_warp(int cpw) { g_force_cpw = cpw; }
 static int g_force_ks = 0;
 void set_gemv_ksplit(int ks) { g_force_ks = ks; }
-static int g_wave_div = 1;  // set_decode_wave_div (shared with moe_decode.cu through decode_wave_div())
+static int g_wave_div = 1;  // set_decode_wave_div
 void set_decode_wave_div(int div) {
   if (div < 1 || div > 8) throw Error(str_cat("cuda decode kernels: wave divisor ", div, " (1..8)"));
   g_wave_div = div;
 }
-int decode_wave_div() { return g_wave_div; }
+int wave_blocks(int blocks_per_sm) { return std::max(1, device_info().sm_count * blocks_per_sm / g_wave_div); }
 static int g_gemv_warps = 8;
 void set_gemv_block_warps(int warps) {
   if (warps != 4 && warps != 8) throw Error(str_cat("cuda gemv: ", warps, " warps per block (4 or 8)"));
@@ -311,10 +311,9 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
                group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
     auto cap = [&](auto mw) {
       constexpr int MW = decltype(mw)::value;
-      return std::max(1, device_info().sm_count * (fp4   ? gemv2_occupancy<true, false, MW>(T)
-                                                   : h16 ? gemv2_occupancy<false, true, MW>(T)
-                                                         : gemv2_occupancy<false, false, MW>(T)) /
-                             g_wave_div);
+      return wave_blocks(fp4   ? gemv2_occupancy<true, false, MW>(T)
+                         : h16 ? gemv2_occupancy<false, true, MW>(T)
+                               : gemv2_occupancy<false, false, MW>(T));
     };
     if (g_gemv_warps == 4)
       gemv2_dispatch<4>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 4>{}), a, ws.partial_floats,

@@ -513,7 +513,7 @@ struct Moe2 {
   // K splits per tile: the most (<= MW, <= chunks) whose grid of y expert slots still fits one wave of
   // resident blocks at occ blocks per SM (or 1 / div of it: set_decode_wave_div).
   static int pick(int tiles, int C, int occ, int y) {
-    const int64_t cap = std::max(1, device_info().sm_count * occ / decode_wave_div());
+    const int64_t cap = wave_blocks(occ);
     int ks = 1;
     while (ks * 2 <= MW && ks * 2 <= C && int64_t((tiles + MW / (ks * 2) - 1) / (MW / (ks * 2))) * y <= cap) ks *= 2;
     if (g_force_moe_ks > 0) {
@@ -542,18 +542,16 @@ struct Moe2 {
     return a.ksb;
   }
   static void run(const Moe2Args& a, int max_active, cudaStream_t s) {
-    const bool lean13 = NT == 1 && g_moe_lean.w13 && a.T <= g_moe_lean.max_tokens && a.P <= kLeanPairs;
-    const bool lean2 = NT == 1 && g_moe_lean.w2 && a.T <= g_moe_lean.max_tokens;
-    if constexpr (NT == 1) {
-      if (lean13) w13<true>(a, max_active, s);
-      if (lean2) {
-        if (!lean13) w13<false>(a, max_active, s);
-        w2<true>(a, max_active, 0, s);
-        return;
-      }
+    if constexpr (NT == 1) {  // the lean kernels exist for one n-tile only
+      const bool lean = a.T <= g_moe_lean.max_tokens;
+      if (lean && g_moe_lean.w13 && a.P <= kLeanPairs) w13<true>(a, max_active, s);
+      else w13<false>(a, max_active, s);
+      if (lean && g_moe_lean.w2) w2<true>(a, max_active, 0, s);
+      else w2<false>(a, max_active, 0, s);
+    } else {
+      w13<false>(a, max_active, s);
+      w2<false>(a, max_active, 0, s);
     }
-    if (!lean13) w13<false>(a, max_active, s);
-    w2<false>(a, max_active, 0, s);
   }
 };
 
