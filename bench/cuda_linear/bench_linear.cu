@@ -339,6 +339,7 @@ int main(int argc, char** argv) {
     // MoE rows: without the lean kernels, lean w2, lean w1/w3 and w2 (the default at one token); each for up
     // to 8 tokens, so the T = 4 rows show whether the lean kernels should reach further.
     const cudalin::MoeLean lean_default = cudalin::moe_lean();
+    cudalin::set_moe_split({false});  // the rows of one kernel choice each
     const std::pair<cudalin::MoeLean, const char*> leans[] = {{{false, false, 0}, " lean off"},
                                                              {{false, true, 8}, " lean w2"},
                                                              {{true, true, 8}, " lean w13+w2"}};
@@ -348,6 +349,7 @@ int main(int argc, char** argv) {
       for (bool alias : {false, true}) bench_moe(true, false, alias);
     }
     cudalin::set_moe_lean(lean_default);
+    cudalin::set_moe_split({});
     g_moe_tag.clear();
     print_rows();
     return 0;
@@ -355,14 +357,15 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--moe-nt") == 0) {  // the MoE decode rows with the n-tile count capped
     bench_copy();
     g_act = cudalin::ActFormat::kF16;
+    cudalin::set_moe_split({false});  // the cap rows without the split (the default up to 16 tokens)
     for (int nt : {8, 4, 2, 1}) {
       cudalin::set_moe_max_ntiles(nt);
       g_moe_tag = ", at most " + std::to_string(nt) + " n-tiles";
       bench_moe(true);
     }
     cudalin::set_moe_max_ntiles(2);  // the default
-    for (int light : {1, 2}) {  // the split by expert load (set_moe_split)
-      cudalin::set_moe_split({true, light});
+    for (int light : {1, 2}) {  // the split by expert load (set_moe_split), at every token count
+      cudalin::set_moe_split({true, light, 64});
       g_moe_tag = ", split at " + std::to_string(light) + " pairs";
       bench_moe(true);
     }

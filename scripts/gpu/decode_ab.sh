@@ -42,7 +42,8 @@ BENCH_FLAGS=("$@")
 [ -n "${GEMV_WARPS_AB:-}" ] && ab gemv-warps4 "with 4-warp GEMV blocks (--gemv-warps 4)" --gemv-warps 4
 # WAVE_DIV_AB="2 4": the GEMV / MoE decode grids sized to 1/N of the resident slots (--wave-div N).
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
-[ -n "${KV_SIDE_AB:-}" ] && ab kv-row-on-side "with the window KV row on the compressor's stream (--kv-row-on-side)" --kv-row-on-side
+[ -n "${Q_NORM_AB:-}" ] && ab q-norm-in-attention "with q's heads norm / RoPE in the attention's prologue (--q-norm-in-attention)" --q-norm-in-attention
+[ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 if [ -n "${MOE_LEAN_AB:-}" ]; then
   ab moe-lean-off "without the lean MoE kernels (--moe-lean off)" --moe-lean off
@@ -50,9 +51,11 @@ if [ -n "${MOE_LEAN_AB:-}" ]; then
 fi
 # MOE_NT_AB="1 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N; default 2).
 for nt in ${MOE_NT_AB:-}; do abb "moe-nt$nt" "with --moe-max-nt $nt" 16,64 --moe-max-nt "$nt"; done
-# MOE_SPLIT_AB="1 2": decode at batch 4, 16 and 64 with the MoE kernels chosen per expert load (--moe-split N).
+# MOE_SPLIT_AB="off 1:64": decode at batch 4, 16 and 64 with the MoE kernels chosen per expert load otherwise
+# (--moe-split off|LIGHT[:TOKENS]; default 2:16).
 for l in ${MOE_SPLIT_AB:-}; do abb "moe-split$l" "with --moe-split $l" 4,16,64 --moe-split "$l"; done
-# MOE_LEAN4_AB=1: decode at batch 2 and 4 with the lean MoE kernels up to 4 tokens (default: 1).
+# MOE_LEAN4_AB=1: decode at batch 2 and 4 with the lean MoE kernels up to 4 tokens (default: 1; the split's
+# light experts take them up to 8 tokens).
 [ -n "${MOE_LEAN4_AB:-}" ] && abb moe-lean4 "with --moe-lean all:4" 2,4 --moe-lean all:4
 # MOE_KS_SWEEP="2 4 8": the same decode with the MoE decode kernels' K splits forced (default: heuristic).
 for ks in ${MOE_KS_SWEEP:-}; do ab "moe-ks$ks" "with --moe-ks $ks" --moe-ks "$ks"; done

@@ -128,8 +128,13 @@ RefRow route_ref(const float* logit, int E, int K, int f, const float* bias, con
       // overflows), so their order is exact.
       if (std::isnan(ka) || std::isnan(kb) || std::isinf(ka) || std::isinf(kb)) continue;
       if ((logit[a] == logit[b] || (std::isnan(logit[a]) && std::isnan(logit[b]))) && bias[a] == bias[b]) continue;
-      const double margin =
-          2.0 * kUlp * (sb * (std::fabs(s[a]) + std::fabs(s[b])) + std::fabs(ka) + std::fabs(kb)) + 1e-37;
+      // One side's key error: its score's bound plus the rounding of score + bias. A -inf logit scores exactly
+      // 0 on both sides (expf(-inf) = 0, log1pf(0) = sqrtf(0) = 1 / inf = 0), so its key is its bias on both
+      // and carries no error (two biases one ulp apart behind -inf logits are then still ordered exactly).
+      auto side = [&](int e, float k) {
+        return logit[e] == -kInf && s[e] == 0.0f ? 0.0 : sb * std::fabs(s[e]) + std::fabs(k);
+      };
+      const double margin = 2.0 * kUlp * (side(a, ka) + side(b, kb)) + 1e-37;
       if (!(std::fabs(static_cast<double>(ka) - kb) > margin)) r.well_conditioned = false;
     }
   }

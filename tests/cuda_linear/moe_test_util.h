@@ -51,24 +51,60 @@ inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s, in
 }
 
 // float64 model of the GPU numerics (h rounded to bf16 before w2, or to f16 when h16), parallel over tokens.
+// The GPU computes h in fp32, so where the exact h lies within the fp32 error of a 16-bit rounding boundary
+// either neighbour is right, and one such flip moves a token's output by ~1e-4 of its norm in bf16. Given the
+// GPU's h (gpu_h: [T * top_k, inter] 16-bit bits in pair order, gpu_h_by_pair), the model takes the GPU's
+// value at exactly those ambiguous elements where it is one of the two neighbours, so flips cost nothing and
+// everything else is compared as before; `hs` counts what it saw. The fp32 error of g and u is taken as 2^-19
+// of sum |x w| (the worst case is K 2^-24 of it; the observed one is far below 2^-19), of the SwiGLU products
+// 2^-21 of |h|.
+struct HStats {
+  int64_t ambiguous = 0;  // h elements within the error bound of a rounding boundary
+  int64_t flipped = 0;    // of those, where the GPU rounded to the other neighbour
+  int64_t off = 0;        // elements where the GPU's h is neither the model's nor (where ambiguous) its neighbour
+};
 inline std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& X, const std::vector<float>& x, int T,
-                              const std::vector<int32_t>& idx, const std::vector<float>& wts, bool h16 = false) {
+                              const std::vector<int32_t>& idx, const std::vector<float>& wts, bool h16 = false,
+                              const std::vector<uint16_t>* gpu_h = nullptr, HStats* hs = nullptr) {
   std::vector<double> out(size_t(T) * s.hidden, 0.0);
-#pragma omp parallel for schedule(dynamic)
+  auto to16 = [h16](double v) { return h16 ? f32_to_f16(float(v)) : f32_to_bf16(float(v)); };
+  auto from16 = [h16](uint16_t b) { return h16 ? f16_to_f32(b) : bf16_to_f32(b); };
+  int64_t n_amb = 0, n_flip = 0, n_off = 0;
+#pragma omp parallel for schedule(dynamic) reduction(+ : n_amb, n_flip, n_off)
   for (int t = 0; t < T; ++t) {
     std::vector<float> h(s.inter);
     const float* xt = x.data() + size_t(t) * s.hidden;
     for (int k = 0; k < s.top_k; ++k) {
       const int e = idx[t * s.top_k + k];
+      const double wt = wts[t * s.top_k + k];
+      const uint16_t* gh = gpu_h ? gpu_h->data() + (size_t(t) * s.top_k + k) * s.inter : nullptr;
       for (int i = 0; i < s.inter; ++i) {
-        double g = 0, u = 0;
+        double g = 0, u = 0, ag = 0, au = 0;
         const float* w1 = X.W1[e].data() + size_t(i) * s.hidden;
         const float* w3 = X.W3[e].data() + size_t(i) * s.hidden;
-        for (int d = 0; d < s.hidden; ++d) g += double(xt[d]) * w1[d], u += double(xt[d]) * w3[d];
+        for (int d = 0; d < s.hidden; ++d) {
+          g += double(xt[d]) * w1[d], u += double(xt[d]) * w3[d];
+          ag += std::fabs(double(xt[d]) * w1[d]), au += std::fabs(double(xt[d]) * w3[d]);
+        }
         const double L = s.swiglu_limit;
+        const bool g_clamped = L > 0 && g > L, u_clamped = L > 0 && std::fabs(u) > L;
         if (L > 0) g = std::min(g, L), u = std::clamp(u, -L, L);
-        const float hv = float(g / (1.0 + std::exp(-g)) * u * wts[t * s.top_k + k]);
-        h[i] = h16 ? f16_to_f32(f32_to_f16(hv)) : round_bf16(hv);
+        const double silu = g / (1.0 + std::exp(-g)), hd = silu * u * wt;
+        const uint16_t mine = to16(float(hd));
+        h[i] = from16(mine);
+        if (!gh) continue;
+        // |d silu / dg| <= 1.1; a clamped input is exact (the bound L itself).
+        const double tol = 0x1p-19 * ((g_clamped ? 0.0 : 1.1 * std::fabs(u * wt) * ag) +
+                                      (u_clamped ? 0.0 : std::fabs(silu * wt) * au)) +
+                           0x1p-21 * std::fabs(hd);
+        const uint16_t lo = to16(hd - tol), hi = to16(hd + tol);
+        if (lo != hi) {
+          ++n_amb;
+          if (gh[i] != mine && (gh[i] == lo || gh[i] == hi)) h[i] = from16(gh[i]), ++n_flip;
+          else if (gh[i] != mine) ++n_off;
+        } else if (gh[i] != mine) {
+          ++n_off;
+        }
       }
       for (int d = 0; d < s.hidden; ++d) {
         double y = 0;
@@ -78,7 +114,26 @@ inline std::vector<double> model_moe(const cudalin::MoeShape& s, const Experts& 
       }
     }
   }
+  if (hs) hs->ambiguous = n_amb, hs->flipped = n_flip, hs->off = n_off;
   return out;
+}
+
+// moe_decode's h (MoeWorkspace::h: one row per valid pair, experts in id order, each expert's pairs in
+// increasing pair id: find_slot) reordered to pair order [T * top_k, inter]; rows of invalid pairs stay 0.
+inline std::vector<uint16_t> gpu_h_by_pair(const uint16_t* dev_h, const cudalin::MoeShape& s,
+                                           const std::vector<int32_t>& idx) {
+  const size_t P = idx.size();
+  std::vector<int> row(P, -1);
+  int next = 0;
+  for (int e = 0; e < s.n_experts; ++e)
+    for (size_t p = 0; p < P; ++p)
+      if (idx[p] == e) row[p] = next++;
+  std::vector<uint16_t> dev(size_t(next) * s.inter), h(P * s.inter, 0);
+  if (next > 0 && cudaMemcpy(dev.data(), dev_h, dev.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost) != cudaSuccess)
+    return {};
+  for (size_t p = 0; p < P; ++p)
+    if (row[p] >= 0) std::copy_n(dev.begin() + size_t(row[p]) * s.inter, s.inter, h.begin() + p * s.inter);
+  return h;
 }
 
 // The engine's CPU MoE (cpu::moe_forward, routed experts only) on the same experts and routes, in double.

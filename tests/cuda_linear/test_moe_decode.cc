@@ -68,18 +68,23 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
     EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << "moe_decode is not deterministic";
   }
   for (size_t i = 0; i < got.size(); ++i) got[i] -= prior[i];
+  const std::vector<uint16_t> gpu_h = gpu_h_by_pair(ws.h, s, idx);
   cudalin::moe_workspace_destroy(ws);
 
   // The engine's CPU MoE.
   const std::vector<double> cpu_d = cpu_moe(s, X, xf, T, idx, wts);
-  const std::vector<double> model = model_moe(s, X, xf, T, idx, wts, h16);
+  // The model takes the GPU's h where its 16-bit rounding is ambiguous (model_moe): flips cost nothing.
+  HStats hs;
+  const std::vector<double> model = model_moe(s, X, xf, T, idx, wts, h16, gpu_h.empty() ? nullptr : &gpu_h, &hs);
   const std::vector<double> ones(model.size(), 1.0);
   const ErrStats ec = compare(got, cpu_d, ones), em = compare(got, model, ones);
   double maxref = 0;
   for (double v : model) maxref = std::max(maxref, std::fabs(v));
   std::printf("moe%s hidden=%d inter=%d E=%d T=%d route=%d: vs cpu::moe_forward %.3g, vs float64 model %.3g, "
-              "max err/max|ref| %.3g\n", h16 ? " f16" : "", s.hidden, s.inter, s.n_experts, T, int(route), ec.rel_norm, em.rel_norm,
-              em.worst / std::max(maxref, 1e-300));
+              "max err/max|ref| %.3g; h: %lld ambiguous, %lld flipped, %lld off the model\n", h16 ? " f16" : "",
+              s.hidden, s.inter, s.n_experts, T, int(route), ec.rel_norm, em.rel_norm,
+              em.worst / std::max(maxref, 1e-300), static_cast<long long>(hs.ambiguous),
+              static_cast<long long>(hs.flipped), static_cast<long long>(hs.off));
   EXPECT_EQ(em.non_finite, 0) << "unwritten or non-finite outputs";
   EXPECT_LE(ec.rel_norm, 5e-3);
   EXPECT_LE(em.rel_norm, 2e-4);
@@ -188,6 +193,7 @@ TEST(CudaMoeDecode, EightWarpBlocks) {
 TEST(CudaMoeDecode, LeanKernels) {
   DSV4_REQUIRE_GPU();
   const cudalin::MoeLean saved = cudalin::moe_lean();
+  cudalin::set_moe_split({false});  // the lean kernels for every expert, not only the split's light ones
   int seed = 900;
   for (const cudalin::MoeLean lean : {cudalin::MoeLean{false, false, 0}, cudalin::MoeLean{false, true, 8},
                                       cudalin::MoeLean{true, false, 8}, cudalin::MoeLean{true, true, 8}}) {
@@ -212,6 +218,7 @@ TEST(CudaMoeDecode, LeanKernels) {
   }
   EXPECT_THROW(cudalin::set_moe_lean({true, true, 9}), dsv4::Error);
   cudalin::set_moe_lean(saved);
+  cudalin::set_moe_split({});
 }
 
 // The n-tile cap (set_moe_max_ntiles): experts with more tokens than 8 x the cap stream their weights once per
@@ -248,19 +255,21 @@ TEST(CudaMoeDecode, WaveDivisor) {
 
 // The split by expert load (set_moe_split; f16 activations and 4-warp blocks, where it applies): light
 // experts through the one-n-tile kernels, heavy ones through the kernels sized for T, the two w2 launches
-// sharing the per-token combine. Loads 0, 1 and all tokens, an expert listed twice per token, random routes,
-// both split points, T from 2 (the split's first) to 64, every forced K split on the short shape; T = 1 and
-// bf16 activations, where it does not apply.
+// sharing the per-token combine. Loads 0, 1 and all tokens, an expert listed twice per token (also with T <=
+// the light count, where the heavy launches are left out), random routes, both split points, T from 2 (the
+// split's first) to 64, every forced K split on the short shape; T = 1 and bf16 activations, where it does not
+// apply. And the same battery without the split (the default takes it up to 16 tokens).
 TEST(CudaMoeDecode, SplitByExpertLoad) {
   DSV4_REQUIRE_GPU();
   int seed = 1200;
-  for (int light : {1, 2}) {
-    SCOPED_TRACE("light experts: <= " + std::to_string(light) + " pairs");
-    cudalin::set_moe_split({true, light});
+  for (int light : {0, 1, 2}) {
+    SCOPED_TRACE(light ? "light experts: <= " + std::to_string(light) + " pairs" : std::string("no split"));
+    cudalin::set_moe_split({light > 0, std::max(light, 1), 64});
     for (int T : {1, 2, 3, 8, 9, 17, 40, 64}) {
       run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++, true);
       run_case(small_shape(), T, Route::kLoads01All, 1.f, T % 2 == 1, seed++, true);
     }
+    run_case(small_shape(), 2, Route::kDuplicate, 1.f, false, seed++, true);
     run_case(small_shape(), 8, Route::kDuplicate, 1.f, false, seed++, true);
     run_case(small_shape(), 64, Route::kDuplicate, 1.f, false, seed++, true);
     run_case(small_shape(), 5, Route::kRandom, 12.f, true, seed++, true);
@@ -279,6 +288,7 @@ TEST(CudaMoeDecode, SplitByExpertLoad) {
   }
   cudalin::set_moe_split({});
   EXPECT_THROW(cudalin::set_moe_split({true, 9}), dsv4::Error);
+  EXPECT_THROW(cudalin::set_moe_split({true, 2, 65}), dsv4::Error);
 }
 
 TEST(CudaMoeDecode, Version1) {

@@ -57,10 +57,16 @@ struct GpuOptions {
   // One-token steps run each hc_pre / hc_head as one kernel (cuda::HcArgs::counter: the last block of the
   // mixes does the finish) instead of two. Off: two launches (same results, bit for bit).
   bool hc_one_kernel = true;
-  // Experiment, not yet measured (docs/NOTES.md): with overlap_branches and the stacked wq_a | wkv GEMV, the
-  // window KV row's encode (kv_norm + RoPE + the ring write) runs on the compressor's stream once the GEMV has
-  // written kv, off the main stream's q chain. Same results, bit for bit.
-  bool kv_row_on_side = false;
+  // With overlap_branches and the stacked wq_a | wkv GEMV, the window KV row's encode (kv_norm + RoPE + the
+  // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
+  // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
+  bool kv_row_on_side = true;
+  // Experiment, off: the per-head RMSNorm and RoPE of q in the sparse attention's prologue (cuda::
+  // SparseAttentionArgs::q_norm_rope) instead of a glue::heads_norm_rope launch between wq_b and the
+  // attention. Same results (GlueAttention.QueryPrologueMatchesSeparateLaunch: bit for bit). Slower: H200 run
+  // 27, batch-1 step 7.638 -> 8.019 ms; every attention CTA (~264 at batch 1) redoes its heads' norm and
+  // the RoPE's cosf / sinf of large angles, on the critical path, where the launch did each head once.
+  bool q_norm_in_attention = false;
 };
 
 struct SlotPool;

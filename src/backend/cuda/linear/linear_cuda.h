@@ -144,15 +144,19 @@ struct MoeLean {
 };
 void set_moe_lean(const MoeLean& lean);
 MoeLean moe_lean();
-// v2 experiment (off by default; written 2026-11-30, not yet run: docs/NOTES.md): from 2 tokens, choose the
-// kernel per expert by its pair count on the device, in two launches per matrix: light experts (<=
-// light_tokens pairs up to 8 tokens, <= 8 pairs above) through the one-n-tile kernels (the lean ones up to 8
-// tokens, as set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
-// (set_moe_max_ntiles does not apply). Meant to keep the lean kernels' and the n-tile cap's gains on spread
-// routes without their losses when tokens share experts.
+// v2 knob: for launches of 2 .. max_tokens tokens (f16 activations, 4-warp blocks), choose the kernel per
+// expert by its pair count on the device, in two launches per matrix: light experts (<= light_tokens pairs up
+// to 8 tokens, <= 8 pairs above) through the one-n-tile kernels (the lean ones up to 8 tokens, as
+// set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
+// (set_moe_max_ntiles does not apply). When no expert can pass light_tokens (T <= light_tokens) the heavy
+// launches are left out. Default: on, light 2, up to 16 tokens (H200 run 25, docs/GEMM_MOE.md: MoE at T = 4
+// random 180 -> 173 us, all 4 tokens on 6 experts 83 -> 67 us; T = 16 same experts 166 -> 150 us; step at
+// batch 4 14.19 -> 14.03 ms, batch 16 30.23 -> 29.78 ms; at batch 64 the step lost, 73.05 -> 75.10 ms, so
+// not above 16 tokens).
 struct MoeSplit {
-  bool on = false;
-  int light_tokens = 1;
+  bool on = true;
+  int light_tokens = 2;
+  int max_tokens = 16;
 };
 void set_moe_split(const MoeSplit& split);
 

@@ -566,7 +566,10 @@ void run_split(const Moe2Args& a, int max_active, int light_max, bool lean, cuda
   Moe2Args light = a, heavy = a;
   light.ntok_hi = light_max;
   heavy.ntok_lo = light_max + 1;
-  const int heavy_y = std::min(max_active, a.P / (light_max + 1));
+  int heavy_y = std::min(max_active, a.P / (light_max + 1));
+  // With T <= light_max the router's experts (distinct per token) are all light: the light kernels take every
+  // expert (a test's expert listed twice per token included) and the heavy launches are left out.
+  if (a.T <= light_max) light.ntok_hi = kMaxPairs, heavy_y = 0;
   const bool lean13 = lean && g_moe_lean.w13 && a.P <= kLeanPairs, lean2 = lean && g_moe_lean.w2;
   if (lean13) L::template w13<true, kLight>(light, max_active, s);
   else L::template w13<false, kLight>(light, max_active, s);
@@ -600,7 +603,7 @@ template <bool H16, int MW>
 void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
   // The split's kernels are built for the default format and blocks only (f16 activations, 4 warps).
   if constexpr (H16 && MW == 4) {
-    if (g_moe_split.on && T >= 2) {
+    if (g_moe_split.on && T >= 2 && T <= g_moe_split.max_tokens) {
       if (T <= 8) return run_split<MW, 1>(a, max_active, g_moe_split.light_tokens, true, stream);
       if (T <= 16) return run_split<MW, 2>(a, max_active, 8, false, stream);
       if (T <= 32) return run_split<MW, 4>(a, max_active, 8, false, stream);
@@ -645,6 +648,8 @@ MoeLean moe_lean() { return g_moe_lean; }
 void set_moe_split(const MoeSplit& split) {
   if (split.light_tokens < 1 || split.light_tokens > 8)
     throw Error(str_cat("cuda moe_decode: split at ", split.light_tokens, " pairs per light expert (1..8)"));
+  if (split.max_tokens < 2 || split.max_tokens > 64)
+    throw Error(str_cat("cuda moe_decode: split up to ", split.max_tokens, " tokens (2..64)"));
   g_moe_split = split;
 }
 void set_moe_block_warps(int warps) {
