@@ -8,7 +8,7 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
-//                     [--moe-split off|LIGHT[:TOKENS]] [--kv-row-on-main] [--q-norm-in-attention]
+//                     [--moe-split off|LIGHT[:TOKENS]] [--kv-row-on-main]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -21,7 +21,6 @@
 // --moe-split SPEC: the MoE decode kernels chosen per expert by its load (cudalin::set_moe_split; light
 //   experts: <= LIGHT pairs up to 8 tokens, <= 8 above) for launches of 2 .. TOKENS tokens (default 2:16), or off.
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
-// --q-norm-in-attention: GpuOptions::q_norm_in_attention (q's heads norm / RoPE in the attention's prologue).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -127,7 +126,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
-  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, q_norm_attn = false;
+  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -160,7 +159,6 @@ int main(int argc, char** argv) {
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
-    else if (a == "--q-norm-in-attention") q_norm_attn = true;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
       const std::string v = next(), kind = v.substr(0, v.find(':'));
@@ -193,7 +191,6 @@ int main(int argc, char** argv) {
     o.f16_activations = f16_act;
     o.hc_one_kernel = hc_one_kernel;
     o.kv_row_on_side = kv_side;
-    o.q_norm_in_attention = q_norm_attn;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,

@@ -264,9 +264,9 @@ TEST(GlueNormRope, KvTailMatchesThreeLaunches) {
   }
 }
 
-// Random attention inputs on the device for the epilogue / prologue tests: n_rows KV rows (bf16 or f32), q
-// [T, 64, 512] (0.1 N(0, 1), times a per-head factor where head_scale), n_slots slots per query in -1 ..
-// n_rows - 1, positions up to 200000, an output and 16-bit copy buffer, the split workspace.
+// Random attention inputs on the device for the epilogue test: kRows KV rows (bf16 or f32), q [T, 64, 512]
+// (0.1 N(0, 1)), kSlots slots per query in -1 ..
+// kRows - 1, positions up to 200000, an output and 16-bit copy buffer, the split workspace.
 struct AttnInputs {
   static constexpr int kRows = 300, kSlots = 200;
   std::vector<float> q;
@@ -278,7 +278,7 @@ struct AttnInputs {
   uint16_t* out16 = nullptr;
   void* ws = nullptr;
   int64_t row_bytes = 0;
-  AttnInputs(std::mt19937_64& rng, int T, cuda::KvRowFormat fmt, bool head_scale) {
+  AttnInputs(std::mt19937_64& rng, int T, cuda::KvRowFormat fmt) {
     constexpr int H = cuda::kAttnHeads, D = cuda::kAttnDim;
     std::normal_distribution<float> nd(0.f, 1.f);
     const bool f32 = fmt == cuda::KvRowFormat::kF32;
@@ -294,11 +294,7 @@ struct AttnInputs {
         }
       }
     q.resize(static_cast<size_t>(T) * H * D);
-    std::uniform_real_distribution<float> hs(0.05f, 20.f);
-    for (size_t h = 0; h < q.size() / D; ++h) {
-      const float f = head_scale ? hs(rng) : 1.f;
-      for (int d = 0; d < D; ++d) q[h * D + d] = 0.1f * f * nd(rng);
-    }
+    for (float& v : q) v = 0.1f * nd(rng);
     std::vector<int32_t> sl(static_cast<size_t>(T) * kSlots);
     std::uniform_int_distribution<int> sd(-1, kRows - 1);
     for (int32_t& v : sl) v = sd(rng);
@@ -346,7 +342,7 @@ TEST(GlueAttention, RopeEpilogueMatchesSeparateLaunch) {
   for (const Case& c : cases) {
     SCOPED_TRACE("T " + std::to_string(c.T) + " fmt " + std::to_string(int(c.fmt)) + " rope " +
                  std::to_string(c.rope) + " copy " + std::to_string(c.copy));
-    const AttnInputs in(rng, c.T, c.fmt, false);
+    const AttnInputs in(rng, c.T, c.fmt);
     const cuda::SparseAttentionArgs a = in.args(c.T, c.fmt, c.prec, dsink);
     float* dout = in.out;
     uint16_t* d16 = in.out16;
@@ -388,73 +384,6 @@ TEST(GlueAttention, RopeEpilogueMatchesSeparateLaunch) {
       EXPECT_THROW(cuda::sparse_attention(b, nullptr), std::exception) << "odd rope_n_freq";
       b.rope_n_freq = n_freq, b.out16 = d16 + 1;
       EXPECT_THROW(cuda::sparse_attention(b, nullptr), std::exception) << "misaligned out16";
-    }
-  }
-  cudaFree(dinv), cudaFree(dsink);
-}
-
-// cuda::sparse_attention's query prologue (q_norm_rope: per-head RMSNorm and RoPE of the raw q) against
-// glue::heads_norm_rope(norm) on a copy of q followed by the same attention, bit for bit (the double sums of
-// squares differ only in order): one query (split slots, 1-head-tile CTAs), 5 (2-head-tile CTAs), 80 (one
-// split, the epilogue-only kernel), bf16 rows with both tensor-core precisions, f32 rows (the fp32 kernel);
-// heads scaled by factors 0.05 .. 20 so the norm matters. q itself must stay as it was.
-TEST(GlueAttention, QueryPrologueMatchesSeparateLaunch) {
-  DSV4_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed());
-  std::normal_distribution<float> nd(0.f, 1.f);
-  constexpr int H = cuda::kAttnHeads, D = cuda::kAttnDim, n_freq = 32;
-  const float eps = 1e-6f;
-  std::vector<float> inv(n_freq), sink(H);
-  for (int i = 0; i < n_freq; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2 * n_freq));
-  for (float& v : sink) v = nd(rng);
-  float* dinv = upload(inv);
-  float* dsink = upload(sink);
-  struct Case { int T; cuda::KvRowFormat fmt; cuda::AttnPrecision prec; };
-  const Case cases[] = {{1, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kSplitBf16},
-                        {5, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kSplitBf16},
-                        {80, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kSplitBf16},
-                        {2, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kBf16},
-                        {3, cuda::KvRowFormat::kF32, cuda::AttnPrecision::kFp32},
-                        {80, cuda::KvRowFormat::kBF16, cuda::AttnPrecision::kFp32}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE("T " + std::to_string(c.T) + " fmt " + std::to_string(int(c.fmt)) + " precision " +
-                 std::to_string(int(c.prec)));
-    const AttnInputs in(rng, c.T, c.fmt, true);
-    const size_t n = in.q.size();
-    cuda::SparseAttentionArgs a = in.args(c.T, c.fmt, c.prec, dsink);
-    a.rope_pos = in.pos, a.rope_inv_freq = dinv, a.rope_n_freq = n_freq, a.out16 = in.out16;
-    std::vector<float> out_sep(n), out_fused(n), q_after(n);
-    std::vector<uint16_t> c_sep(n), c_fused(n);
-    float* q_normed = upload(in.q);
-    for (int fused = 0; fused < 2; ++fused) {
-      ASSERT_EQ(cudaMemset(in.out, 0xff, n * sizeof(float)), cudaSuccess);
-      ASSERT_EQ(cudaMemset(in.out16, 0xff, n * sizeof(uint16_t)), cudaSuccess);
-      cuda::SparseAttentionArgs b = a;
-      if (fused) {
-        b.q_norm_rope = true, b.q_norm_eps = eps;
-      } else {
-        glue::heads_norm_rope(q_normed, c.T, H, D, in.pos, dinv, n_freq, true, eps, false, nullptr);
-        b.q = q_normed;
-      }
-      cuda::sparse_attention(b, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy((fused ? out_fused : out_sep).data(), in.out, n * sizeof(float), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      ASSERT_EQ(cudaMemcpy((fused ? c_fused : c_sep).data(), in.out16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
-    ASSERT_EQ(cudaMemcpy(q_after.data(), in.q_dev, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-    cudaFree(q_normed);
-    size_t non_finite = 0;
-    for (float v : out_fused) non_finite += !std::isfinite(v);
-    EXPECT_EQ(non_finite, 0u) << "unwritten outputs";
-    EXPECT_TRUE(same_bits(out_sep, out_fused)) << "prologue out differs from heads_norm_rope + attention";
-    EXPECT_EQ(0, std::memcmp(c_sep.data(), c_fused.data(), n * sizeof(uint16_t))) << "16-bit copies differ";
-    EXPECT_TRUE(same_bits(in.q, q_after)) << "the prologue wrote q";
-    if (&c == &cases[0]) {  // the prologue needs the RoPE arguments
-      cuda::SparseAttentionArgs b = a;
-      b.q_norm_rope = true, b.rope_pos = nullptr;
-      EXPECT_THROW(cuda::sparse_attention(b, nullptr), std::exception) << "prologue without rope_pos";
     }
   }
   cudaFree(dinv), cudaFree(dsink);

@@ -72,14 +72,6 @@ struct SparseAttentionArgs {
   int rope_n_freq = 0;
   uint16_t* out16 = nullptr;  // [n_queries, 64, 512], 8-byte aligned
   bool out16_f16 = false;
-  // Optional query prologue (the engine's per-head RMSNorm and RoPE of q, without their own launch): q holds
-  // the raw projection; each head is scaled by 1 / sqrt(mean(q^2) + q_norm_eps) and its last 2 * rope_n_freq
-  // dims rotated by rope_pos[query] * rope_inv_freq (the epilogue's RoPE arguments, so the output is rotated
-  // back) as glue::heads_norm_rope(norm, not inverse) does: the same float arithmetic, the sum of squares in
-  // double in another order (so bit for bit unless mean(q^2) lies within ~2^-50 of a float rounding
-  // boundary). q itself is not written. Needs rope_pos.
-  bool q_norm_rope = false;
-  float q_norm_eps = 0.0f;
 };
 constexpr int kAttnHeads = 64;
 constexpr int kAttnDim = 512;

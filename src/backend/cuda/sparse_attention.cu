@@ -88,18 +88,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The query prologue (SparseAttentionArgs::q_norm_rope) of the pair (d, d + 1) of a head with norm factor r:
-// glue::heads_norm_rope's v * r, then its rotation where the pair lies in the last 2 * rope_n_freq dims.
-__device__ __forceinline__ float2 q_prologue_pair(float2 v, int d, float r, const SparseAttentionArgs& a, int64_t p) {
-  v = make_float2(__fmul_rn(v.x, r), __fmul_rn(v.y, r));
-  const int r0 = kD - 2 * a.rope_n_freq;
-  return d >= r0 ? rope_rotate(v.x, v.y, p, a.rope_inv_freq[(d - r0) / 2], false) : v;
-}
-// heads_norm_rope's norm factor from the head's sum of squares (double).
-__device__ __forceinline__ float q_norm_factor(double ss, float eps) {
-  return 1.0f / sqrtf(static_cast<float>(ss / kD) + eps);
-}
-
 struct Params {
   SparseAttentionArgs a;
   int splits;
@@ -123,29 +111,10 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
 #pragma unroll
   for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
     const float* qh = a.q + (static_cast<int64_t>(qi) * kH + h0 + hh) * kD;
-    float4 v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<const float4*>(qh + 128 * i + 4 * lane);
-    if (a.q_norm_rope) {  // the warp holds the whole head
-      double ss = 0.0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        ss += double(v[i].x) * v[i].x + double(v[i].y) * v[i].y + double(v[i].z) * v[i].z + double(v[i].w) * v[i].w;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float r = q_norm_factor(ss, a.q_norm_eps);
-      const int64_t pq = a.rope_pos[qi];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int d = 128 * i + 4 * lane;
-        const float2 lo = q_prologue_pair(make_float2(v[i].x, v[i].y), d, r, a, pq);
-        const float2 hi = q_prologue_pair(make_float2(v[i].z, v[i].w), d + 2, r, a, pq);
-        v[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      q[hh][i] = make_float4(v[i].x * qscale, v[i].y * qscale, v[i].z * qscale, v[i].w * qscale);
+      float4 v = *reinterpret_cast<const float4*>(qh + 128 * i + 4 * lane);
+      q[hh][i] = make_float4(v.x * qscale, v.y * qscale, v.z * qscale, v.w * qscale);
       acc[hh][i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (p.splits == 1) {  // the sink takes part directly: m = sink, l = exp(sink - m) = 1
@@ -410,47 +379,12 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
     const float qscale = a.scale * kLog2e;
     const float* q0 = a.q + (static_cast<int64_t>(qi) * kH + h0 + g) * kD + d0 + 2 * t;
     const float* q1 = q0 + 8 * kD;
-    // The query prologue: heads h0 + g (r0) and h0 + g + 8 (r1), their sums of squares over the quad's 128
-    // dims, then over the head tile's 4 dim slices through sp (free until the main loop).
-    float r0 = 1.f, r1 = 1.f;
-    int64_t pq = 0;
-    if (a.q_norm_rope) {
-      double s0 = 0.0, s1 = 0.0;
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const float2 x0 = *reinterpret_cast<const float2*>(q0 + 16 * s);
-        const float2 x1 = *reinterpret_cast<const float2*>(q1 + 16 * s);
-        const float2 x2 = *reinterpret_cast<const float2*>(q0 + 16 * s + 8);
-        const float2 x3 = *reinterpret_cast<const float2*>(q1 + 16 * s + 8);
-        s0 += double(x0.x) * x0.x + double(x0.y) * x0.y + double(x2.x) * x2.x + double(x2.y) * x2.y;
-        s1 += double(x1.x) * x1.x + double(x1.y) * x1.y + double(x3.x) * x3.x + double(x3.y) * x3.y;
-      }
-#pragma unroll
-      for (int o = 1; o < 4; o <<= 1) {
-        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-      }
-      double* red = reinterpret_cast<double*>(sp);  // [kTiles * 16 heads][4 dim slices]
-      if (t == 0) red[(ht * 16 + g) * 4 + ds] = s0, red[(ht * 16 + g + 8) * 4 + ds] = s1;
-      __syncthreads();
-      const double* e0 = red + (ht * 16 + g) * 4;
-      const double* e1 = red + (ht * 16 + g + 8) * 4;
-      r0 = q_norm_factor(((e0[0] + e0[1]) + e0[2]) + e0[3], a.q_norm_eps);
-      r1 = q_norm_factor(((e1[0] + e1[1]) + e1[2]) + e1[3], a.q_norm_eps);
-      pq = a.rope_pos[qi];
-      __syncthreads();  // sp read by every warp before the main loop writes it
-    }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      float2 x0 = *reinterpret_cast<const float2*>(q0 + 16 * s);
-      float2 x1 = *reinterpret_cast<const float2*>(q1 + 16 * s);
-      float2 x2 = *reinterpret_cast<const float2*>(q0 + 16 * s + 8);
-      float2 x3 = *reinterpret_cast<const float2*>(q1 + 16 * s + 8);
-      if (a.q_norm_rope) {
-        const int d = d0 + 16 * s + 2 * t;
-        x0 = q_prologue_pair(x0, d, r0, a, pq), x1 = q_prologue_pair(x1, d, r1, a, pq);
-        x2 = q_prologue_pair(x2, d + 8, r0, a, pq), x3 = q_prologue_pair(x3, d + 8, r1, a, pq);
-      }
+      const float2 x0 = *reinterpret_cast<const float2*>(q0 + 16 * s);
+      const float2 x1 = *reinterpret_cast<const float2*>(q1 + 16 * s);
+      const float2 x2 = *reinterpret_cast<const float2*>(q0 + 16 * s + 8);
+      const float2 x3 = *reinterpret_cast<const float2*>(q1 + 16 * s + 8);
       uint32_t dummy;
       to_frag<kSplit>(x0.x * qscale, x0.y * qscale, qh[s][0], kSplit ? ql[s % kQL][0] : dummy);
       to_frag<kSplit>(x1.x * qscale, x1.y * qscale, qh[s][1], kSplit ? ql[s % kQL][1] : dummy);
@@ -794,8 +728,6 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     fail("cuda::sparse_attention: the RoPE epilogue needs inverse frequencies and an even rope_n_freq in 2..",
          kD / 2, " (got ", a.rope_n_freq, ")");
   if (reinterpret_cast<uintptr_t>(a.out16) % 8) fail("cuda::sparse_attention: out16 must be 8-byte aligned");
-  if (a.q_norm_rope && !a.rope_pos)
-    fail("cuda::sparse_attention: the query prologue (q_norm_rope) needs rope_pos, rope_inv_freq and rope_n_freq");
   const bool epilogue = a.rope_pos || a.out16;
   Params p{a, 1, 0, nullptr, nullptr};
   choose_split(a.n_queries, a.n_slots, &p.splits, &p.chunk);

@@ -231,10 +231,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     index_from_q(qrb);
   }
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
-  // GpuOptions::q_norm_in_attention: the per-head RMSNorm and RoPE of q in the attention's prologue instead.
-  if (!opt.q_norm_in_attention)
-    glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false,
-                          stream);
+  glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
   mark(li, "q");
 
   if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
@@ -282,7 +279,6 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   // launch of its own; bit for bit glue::heads_norm_rope). The load refuses head_dim != 512 or RoPE dims != 64,
   // so the epilogue always takes the shape (32 frequencies: even, 64 of the 512 dims).
   sa.rope_pos = pos, sa.rope_inv_freq = freq, sa.rope_n_freq = n_freq;
-  sa.q_norm_rope = opt.q_norm_in_attention, sa.q_norm_eps = eps;
   sa.out16 = grouped_gemv ? s.xb : nullptr, sa.out16_f16 = o_h16;
   cuda::sparse_attention(sa, stream);
   mark(li, "sparse_attention");

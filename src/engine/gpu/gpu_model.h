@@ -61,12 +61,6 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
-  // Experiment, off: the per-head RMSNorm and RoPE of q in the sparse attention's prologue (cuda::
-  // SparseAttentionArgs::q_norm_rope) instead of a glue::heads_norm_rope launch between wq_b and the
-  // attention. Same results (GlueAttention.QueryPrologueMatchesSeparateLaunch: bit for bit). Slower: H200 run
-  // 27, batch-1 step 7.638 -> 8.019 ms; every attention CTA (~264 at batch 1) redoes its heads' norm and
-  // the RoPE's cosf / sinf of large angles, on the critical path, where the launch did each head once.
-  bool q_norm_in_attention = false;
 };
 
 struct SlotPool;

@@ -149,10 +149,11 @@ MoeLean moe_lean();
 // to 8 tokens, <= 8 pairs above) through the one-n-tile kernels (the lean ones up to 8 tokens, as
 // set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
 // (set_moe_max_ntiles does not apply). When no expert can pass light_tokens (T <= light_tokens) the heavy
-// launches are left out. Default: on, light 2, up to 16 tokens (H200 run 25, docs/GEMM_MOE.md: MoE at T = 4
-// random 180 -> 173 us, all 4 tokens on 6 experts 83 -> 67 us; T = 16 same experts 166 -> 150 us; step at
-// batch 4 14.19 -> 14.03 ms, batch 16 30.23 -> 29.78 ms; at batch 64 the step lost, 73.05 -> 75.10 ms, so
-// not above 16 tokens).
+// launches are left out. Default: on, light 2, up to 16 tokens. H200 run 25 (docs/GEMM_MOE.md), MoE against
+// the n-tile cap alone: T = 4 random routes 180 -> 173 us, all 4 tokens on 6 experts 83 -> 67 us, T = 16 on 6
+// experts 166 -> 150 us; but the batch-64 step lost (73.05 -> 75.10 ms), so not above 16 tokens. Run 26,
+// the step against --moe-split off in the same run: batch 4 14.09 -> 13.94 ms, batch 16 30.08 -> 29.60 ms
+// (batch 2, all experts light and lean: 10.02 in run 24 -> 9.45).
 struct MoeSplit {
   bool on = true;
   int light_tokens = 2;
