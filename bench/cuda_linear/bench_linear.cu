@@ -369,6 +369,11 @@ int main(int argc, char** argv) {
       g_moe_tag = ", split at " + std::to_string(light) + " pairs";
       bench_moe(true);
     }
+    for (int wide : {16, 24}) {  // light above 8 tokens up to `wide` pairs
+      cudalin::set_moe_split({true, 2, 64, wide});
+      g_moe_tag = ", split at 2 / " + std::to_string(wide) + " pairs";
+      bench_moe(true);
+    }
     cudalin::set_moe_split({});
     g_moe_tag.clear();
     print_rows();

@@ -262,9 +262,9 @@ TEST(CudaMoeDecode, WaveDivisor) {
 TEST(CudaMoeDecode, SplitByExpertLoad) {
   DSV4_REQUIRE_GPU();
   int seed = 1200;
-  for (int light : {0, 1, 2}) {
+  for (int light : {0, 1, 2, 3}) {  // 3: light 2, and <= 24 pairs above 8 tokens
     SCOPED_TRACE(light ? "light experts: <= " + std::to_string(light) + " pairs" : std::string("no split"));
-    cudalin::set_moe_split({light > 0, std::max(light, 1), 64});
+    cudalin::set_moe_split({light > 0, std::min(std::max(light, 1), 2), 64, light == 3 ? 24 : 8});
     for (int T : {1, 2, 3, 8, 9, 17, 40, 64}) {
       run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++, true);
       run_case(small_shape(), T, Route::kLoads01All, 1.f, T % 2 == 1, seed++, true);
@@ -289,6 +289,7 @@ TEST(CudaMoeDecode, SplitByExpertLoad) {
   cudalin::set_moe_split({});
   EXPECT_THROW(cudalin::set_moe_split({true, 9}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 65}), dsv4::Error);
+  EXPECT_THROW(cudalin::set_moe_split({true, 2, 16, 0}), dsv4::Error);
 }
 
 TEST(CudaMoeDecode, Version1) {

@@ -605,9 +605,10 @@ void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
   if constexpr (H16 && MW == 4) {
     if (g_moe_split.on && T >= 2 && T <= g_moe_split.max_tokens) {
       if (T <= 8) return run_split<MW, 1>(a, max_active, g_moe_split.light_tokens, true, stream);
-      if (T <= 16) return run_split<MW, 2>(a, max_active, 8, false, stream);
-      if (T <= 32) return run_split<MW, 4>(a, max_active, 8, false, stream);
-      return run_split<MW, 8>(a, max_active, 8, false, stream);
+      const int wide = g_moe_split.wide_light_tokens;
+      if (T <= 16) return run_split<MW, 2>(a, max_active, wide, false, stream);
+      if (T <= 32) return run_split<MW, 4>(a, max_active, wide, false, stream);
+      return run_split<MW, 8>(a, max_active, wide, false, stream);
     }
   }
   if (T <= 8 || g_moe_max_nt == 1) Moe2<1, H16, MW>::run(a, max_active, stream);
@@ -650,6 +651,9 @@ void set_moe_split(const MoeSplit& split) {
     throw Error(str_cat("cuda moe_decode: split at ", split.light_tokens, " pairs per light expert (1..8)"));
   if (split.max_tokens < 2 || split.max_tokens > 64)
     throw Error(str_cat("cuda moe_decode: split up to ", split.max_tokens, " tokens (2..64)"));
+  if (split.wide_light_tokens < 1 || split.wide_light_tokens > 64)
+    throw Error(str_cat("cuda moe_decode: split at ", split.wide_light_tokens,
+                        " pairs per light expert above 8 tokens (1..64)"));
   g_moe_split = split;
 }
 void set_moe_block_warps(int warps) {
