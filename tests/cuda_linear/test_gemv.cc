@@ -5,6 +5,9 @@
 // elementwise; in norm the errors are far smaller and we ask 1e-4 (the bf16 rounding of activations that
 // the engine's fp32 CPU path does not do is ~1e-3, reported separately against cpu::linear). The f16
 // activation path (kFp8F16) has the same bound: e4m3 weights are exact f16 values, f16 products exact in fp32.
+#include <algorithm>
+
+#include "backend/cuda/glue/glue.h"
 #include "core/error.h"
 #include "linear_test_util.h"
 
@@ -247,6 +250,88 @@ TEST(CudaGemv, WaveDivisor) {
   }
   cudalin::set_decode_wave_div(1);
   EXPECT_THROW(cudalin::set_decode_wave_div(0), Error);
+}
+
+// The head norm / RoPE epilogue (cudalin::HeadNormRope) against the same gemv without it followed by
+// glue::heads_norm_rope(norm), bit for bit (the double sums of squares differ only in order): V4-Flash's
+// wq_b (32768 x 1024, 64 heads of 512), 8 heads of 512 with 9 .. 64 tokens, and 2048 x 3072 with K split
+// across blocks (set_gemv_ksplit 16 / 32: the tiles' last blocks arrive at the heads); bf16 and f16
+// activations, 8- and 4-warp blocks; three launches in a row (the counters re-arm to zero); and the
+// refusals (heads not a multiple of 128 rows, MXFP4 weights, a 16-bit copy, no counters).
+TEST(CudaGemv, HeadNormRopeEpilogue) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(seed() ^ 0x4e4f524dull);
+  constexpr int n_freq = 32, head = 512;
+  const float eps = 1e-6f;
+  std::vector<float> inv(n_freq);
+  for (int i = 0; i < n_freq; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2 * n_freq));
+  DevBuf<float> dinv(inv);
+  struct Case { int64_t rows, cols; int T; bool f16; int warps, ks; };
+  const Case cases[] = {{32768, 1024, 1, true, 8, 0},  {32768, 1024, 3, false, 8, 0}, {4096, 1024, 9, true, 4, 0},
+                        {4096, 1024, 17, true, 8, 0},  {4096, 1024, 64, false, 8, 0}, {2048, 3072, 2, true, 8, 16},
+                        {2048, 3072, 5, false, 4, 32}};
+  cudalin::Workspace ws = cudalin::workspace_create();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "W [" << c.rows << ", " << c.cols << "] T " << c.T << " f16 " << c.f16
+                                      << " warps " << c.warps << " ks " << c.ks);
+    HostWeight h = random_fp8(rng, c.rows, c.cols, 112, 136, false);
+    bind(h);
+    DevBuf<uint8_t> dw(h.w), ds(h.s);
+    const cudalin::DevWeight dev{h.view.fmt, c.rows, c.cols, dw.p, ds.p, false};
+    std::vector<float> xf;
+    std::vector<uint16_t> xb;
+    if (c.f16) random_f16(rng, size_t(c.T) * c.cols, xf, xb);
+    else random_bf16(rng, size_t(c.T) * c.cols, xf, xb);
+    const cudalin::ActFormat act = c.f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16;
+    std::vector<int64_t> pos(c.T);
+    std::uniform_int_distribution<int64_t> pd(0, 200000);
+    for (int64_t& p : pos) p = pd(rng);
+    const int heads = static_cast<int>(c.rows / head);
+    DevBuf<uint16_t> dx(xb);
+    DevBuf<int64_t> dpos(pos);
+    DevBuf<int> counters(std::vector<int>(heads, 0));
+    DevBuf<float> want(size_t(c.T) * c.rows), got(size_t(c.T) * c.rows);
+    cudalin::set_gemv_block_warps(c.warps);
+    cudalin::set_gemv_ksplit(c.ks);
+    want.poison();
+    cudalin::gemv(dev, dx.p, c.cols, c.T, want.p, c.rows, ws, nullptr, act);
+    glue::heads_norm_rope(want.p, c.T, heads, head, dpos.p, dinv.p, n_freq, true, eps, false, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> w = want.download();
+    const cudalin::HeadNormRope hn{head, dpos.p, dinv.p, n_freq, eps, counters.p};
+    for (int rep = 0; rep < 3; ++rep) {
+      got.poison();
+      cudalin::gemv(dev, dx.p, c.cols, c.T, got.p, c.rows, ws, nullptr, act, {}, hn);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> g = got.download();
+      size_t differ = 0, first = g.size();
+      for (size_t i = 0; i < g.size(); ++i)
+        if (std::memcmp(&g[i], &w[i], sizeof(float)) != 0) differ += 1, first = std::min(first, i);
+      ASSERT_EQ(differ, 0u) << "launch " << rep << ": " << differ << " outputs differ from gemv + heads_norm_rope, "
+                            << "first y[" << first / c.rows << ", " << first % c.rows << "]";
+      const std::vector<int> left = counters.download();
+      ASSERT_EQ(std::count(left.begin(), left.end(), 0), heads) << "arrival counters not re-armed";
+    }
+  }
+  cudalin::set_gemv_block_warps(8);
+  cudalin::set_gemv_ksplit(0);
+  // Refusals, each naming the problem.
+  DevBuf<uint8_t> w(4096 * 256), s(4096);
+  DevBuf<uint16_t> x(256), y16(4096);
+  DevBuf<float> y(4096);
+  DevBuf<int64_t> p(std::vector<int64_t>{0});
+  DevBuf<int> cnt(std::vector<int>(64, 0));
+  const cudalin::DevWeight fp8{WeightFormat::kFP8Block, 4096, 256, w.p, s.p, false};
+  const cudalin::DevWeight fp4{WeightFormat::kFP4, 4096, 256, w.p, s.p, false};
+  const cudalin::HeadNormRope ok{512, p.p, dinv.p, n_freq, eps, cnt.p};
+  cudalin::HeadNormRope odd = ok, none = ok;
+  odd.head_rows = 200;
+  none.counters = nullptr;
+  EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, odd), Error);
+  EXPECT_THROW(cudalin::gemv(fp4, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, ok), Error);
+  EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {y16.p}, ok), Error);
+  EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, none), Error);
+  cudalin::workspace_destroy(ws);
 }
 
 TEST(CudaGemv, Version1) {

@@ -68,6 +68,7 @@ struct Scratch {
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int* hc_counter;          // cuda::HcArgs::counter of the main stream's hc_pre / hc_head (zeroed at allocation)
+  int* q_head_counters;     // [heads] cudalin::HeadNormRope::counters of wq_b's GEMV (GpuOptions::q_norm_in_gemv)
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [cap, vocab]
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
@@ -179,7 +180,9 @@ struct GpuModel::Impl {
   void ffn(int li, int T, const X16Formats& x16);
   // y = x · Wᵀ: the weight-streaming GEMV (16-bit activations) where it applies, else the fp32 glue linear.
   // xb: x already cast (by the kernel that wrote x); cast here into s.xb when absent or of the other format.
-  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {});
+  // hn: the GEMV's head norm / RoPE epilogue; the caller checks that it applies (gemv path, T <= 64, FP8).
+  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {},
+           const cudalin::HeadNormRope* hn = nullptr);
   // The 16-bit copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
   uint16_t* x_bf16() const;
   // y = x · Wᵀ over T rows of 16-bit activations: cudalin::gemv up to 64 rows; above (chunked prefill) the

@@ -49,7 +49,9 @@ bool GpuModel::Impl::moe_h16(int li, int T) const {
          cudalin::linear_kernel_version() == 2 && w.layers[li].experts_fit_f16;
 }
 
-void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb) {
+void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb,
+                         const cudalin::HeadNormRope* hn) {
+  if (hn && (!use_gemv(wt) || T > 64)) fail("GPU forward: the GEMV head epilogue without the GEMV (internal error)");
   if (!use_gemv(wt)) {
     glue::linear(wt.g, 0, wt.rows, x, T, ldx, y, ldy, stream);
     return;
@@ -59,6 +61,11 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
     if (f16) cudalin::cast_f32_to_f16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     else cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     xb = {s.xb, f16};
+  }
+  if (hn) {
+    cudalin::gemv(wt.d, xb.p, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16,
+                  {}, *hn);
+    return;
   }
   matmul(wt.d, xb.p, ldx, T, y, ldy, f16);
 }
@@ -230,8 +237,13 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     OnSide on(*this);
     index_from_q(qrb);
   }
-  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
-  glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
+  // GpuOptions::q_norm_in_gemv: the per-head RMSNorm and RoPE of q as the wq_b GEMV's epilogue.
+  const bool q_hn = opt.q_norm_in_gemv && T <= 64 && use_gemv(L.wq_b) && cudalin::gemv_head_norm_applies(L.wq_b.d, hd);
+  const cudalin::HeadNormRope hn{hd, pos, freq, n_freq, eps, s.q_head_counters};
+  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb, q_hn ? &hn : nullptr);
+  if (!q_hn)
+    glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false,
+                          stream);
   mark(li, "q");
 
   if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);

@@ -61,6 +61,11 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
+  // Experiment, not yet run (docs/NOTES.md): the per-head RMSNorm and RoPE of q as the epilogue of wq_b's GEMV
+  // (cudalin::HeadNormRope: the last block to finish a head normalizes it) instead of a glue::heads_norm_rope
+  // launch between wq_b and the attention. Steps of <= 64 tokens on the GEMV path. Same results (the double
+  // sum of squares in another order; CudaGemv.HeadNormRopeEpilogue checks bit for bit).
+  bool q_norm_in_gemv = false;
 };
 
 struct SlotPool;

@@ -55,12 +55,30 @@ struct Out16 {
   ActFormat fmt = ActFormat::kBf16;
 };
 
+// Optional epilogue of gemv (experiment, not yet run: docs/NOTES.md): the per-head RMSNorm and RoPE of y that
+// glue::heads_norm_rope(norm, not inverse) applies, done by the last block to finish each head (an arrival
+// counter per head, as the split-K reduction does per tile) instead of a launch of its own. Head h of token t
+// is y[t, h * head_rows .. (h + 1) * head_rows): scaled by 1 / sqrt(mean(y^2) + eps), then its last 2 * n_freq
+// rows rotated in pairs by pos[t] * inv_freq[i]. The same float arithmetic (backend/cuda/rope.cuh); the sum of
+// squares in double in another order, so bit for bit unless mean(y^2) lies within ~2^-50 of a float rounding
+// boundary. FP8 weights, no 16-bit copy, head_rows a multiple of 128 dividing w.rows, 2 * n_freq <= head_rows.
+struct HeadNormRope {
+  int64_t head_rows = 0;  // 0: no epilogue
+  const int64_t* pos = nullptr;    // [T]
+  const float* inv_freq = nullptr;  // [n_freq]
+  int n_freq = 0;
+  float eps = 0.0f;
+  int* counters = nullptr;  // [w.rows / head_rows] arrival counters, zero between launches (the last block re-arms)
+};
+
 // Decode-shaped GEMM: y[t, r] = sum_k x[t, k] * W[r, k] for t < T (1..64), every r < w.rows.
 // x: bf16 (or f16, FP8 weights only) [T, w.cols] (row stride ldx elements), y: fp32 (row stride ldy). FP8 or
 // MXFP4 weights; rows a multiple of 16, cols a multiple of 128 (other shapes fail with a message naming the
 // shape).
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream, ActFormat act = ActFormat::kBf16, Out16 y16 = {});
+          cudaStream_t stream, ActFormat act = ActFormat::kBf16, Out16 y16 = {}, const HeadNormRope& hn = {});
+// Whether gemv takes the HeadNormRope epilogue for weight w with heads of head_rows rows.
+bool gemv_head_norm_applies(const DevWeight& w, int64_t head_rows);
 
 // Grouped form, one launch for a block-diagonal product such as the grouped output projection wo_a:
 // y[t, r] = sum_k x[t, g*group_x_stride + k] * W[r, k] with g = r / group_rows, for every r < w.rows
@@ -84,10 +102,9 @@ void set_gemv_ksplit(int ks);
 // v2: warps per block, 8 (default) or 4 (smaller blocks spread a grid of under one wave over more SMs;
 // measured slower at V4-Flash width, run 12 of docs/PERFORMANCE.md).
 void set_gemv_block_warps(int warps);
-// v2 experiment, not yet measured (docs/NOTES.md): the GEMV and MoE decode split pickers size their grids to
-// 1 / div of the resident-block slots (default 1: a full wave). With div 2 each call leaves room on every SM
-// for the next kernel's blocks, whose weight prologue (issued before their PDL wait) then overlaps this
-// kernel instead of following it.
+// v2 experiment: the GEMV and MoE decode split pickers size their grids to 1 / div of the resident-block
+// slots (default 1: a full wave), so that each call leaves room on every SM for the next kernel's blocks.
+// Measured slower (H200 run 24, batch-1 step 7.31 -> 7.75 ms with div 2): kept as a knob.
 void set_decode_wave_div(int div);
 
 // y[i] = bf16(x[i]) (round to nearest even).
