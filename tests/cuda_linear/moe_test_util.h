@@ -55,9 +55,9 @@ inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s, in
 // either neighbour is right, and one such flip moves a token's output by ~1e-4 of its norm in bf16. Given the
 // GPU's h (gpu_h: [T * top_k, inter] 16-bit bits in pair order, gpu_h_by_pair), the model takes the GPU's
 // value at exactly those ambiguous elements where it lies among the 16-bit values the error bound allows, so
-// flips cost nothing and everything else is compared as before; `hs` counts what it saw. The fp32 error of g and u is taken as 2^-19
-// of sum |x w| (the worst case is K 2^-24 of it; the observed one is far below 2^-19), of the SwiGLU products
-// 2^-21 of |h|.
+// flips cost nothing and everything else is compared as before; `hs` counts what it saw. The fp32 error of g
+// and u is taken as 2^-19 of sum |x w| (the worst case is K 2^-24 of it; the observed one is far below
+// 2^-19), of the SwiGLU products 2^-21 of |h|.
 struct HStats {
   int64_t ambiguous = 0;  // h elements within the error bound of a rounding boundary
   int64_t flipped = 0;    // of those, where the GPU rounded to the other neighbour

@@ -367,11 +367,11 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
   const int C = static_cast<int>(w.cols / 128), tiles = static_cast<int>(w.rows / 16);
   const bool fp4_scale_aligned = !fp4 || reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
   if (hn.head_rows && !gemv_head_norm_applies(w, hn.head_rows))
-    throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs FP8 weights (16-byte aligned, v2 kernels) with ",
-                        "heads of a multiple of 128 rows dividing the weight's; weight [", w.rows, ", ", w.cols,
-                        "], heads of ", hn.head_rows, " rows"));
-  if (hn.head_rows && (y16.p || group_rows || !hn.pos || !hn.counters || hn.n_freq < 0 || 2 * hn.n_freq > hn.head_rows ||
-                       (hn.n_freq > 0 && !hn.inv_freq)))
+    throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs FP8 weights (16-byte aligned, v2 ",
+                        "kernels) with heads of a multiple of 128 rows dividing the weight's; weight [", w.rows, ", ",
+                        w.cols, "], heads of ", hn.head_rows, " rows"));
+  if (hn.head_rows && (y16.p || group_rows || !hn.pos || !hn.counters || hn.n_freq < 0 ||
+                       2 * hn.n_freq > hn.head_rows || (hn.n_freq > 0 && !hn.inv_freq)))
     throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs positions, counters, inverse frequencies for ",
                         hn.n_freq, " pairs (at most half a head of ", hn.head_rows,
                         " rows), and neither a 16-bit copy nor groups"));

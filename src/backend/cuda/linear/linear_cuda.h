@@ -162,9 +162,9 @@ struct MoeLean {
 void set_moe_lean(const MoeLean& lean);
 MoeLean moe_lean();
 // v2 knob: for launches of 2 .. max_tokens tokens (f16 activations, 4-warp blocks), choose the kernel per
-// expert by its pair count on the device, in two launches per matrix: light experts (<= light_tokens pairs up
-// to 8 tokens, <= wide_light_tokens pairs above) through the one-n-tile kernels (the lean ones up to 8 tokens, as
-// set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
+// expert by its pair count on the device, in two launches per matrix: light experts (<= light_tokens pairs
+// up to 8 tokens, <= wide_light_tokens pairs above) through the one-n-tile kernels (the lean ones up to 8
+// tokens, as set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
 // (set_moe_max_ntiles does not apply). When no expert can pass light_tokens (T <= light_tokens) the heavy
 // launches are left out. Default: on, light 2, up to 16 tokens. H200 run 25 (docs/GEMM_MOE.md), MoE against
 // the n-tile cap alone: T = 4 random routes 180 -> 173 us, all 4 tokens on 6 experts 83 -> 67 us, T = 16 on 6
