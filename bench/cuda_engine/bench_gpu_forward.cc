@@ -8,7 +8,7 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
-//                     [--moe-split off|LIGHT[:TOKENS[:WIDE]]] [--kv-row-on-main] [--q-norm-in-gemv]
+//                     [--moe-split off|LIGHT[:TOKENS[:WIDE]]] [--kv-row-on-main] [--q-norm-in-gemv] [--q-lora-norm-in-gemv]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -23,6 +23,7 @@
 //   or off.
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
 // --q-norm-in-gemv: GpuOptions::q_norm_in_gemv (q's heads norm / RoPE as the wq_b GEMV's epilogue).
+// --q-lora-norm-in-gemv: GpuOptions::q_lora_norm_in_gemv (q_norm as the stacked wq_a | wkv GEMV's epilogue).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
-  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, q_hn = false;
+  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, q_hn = false, qr_hn = false;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -164,6 +165,7 @@ int main(int argc, char** argv) {
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--q-norm-in-gemv") q_hn = true;
+    else if (a == "--q-lora-norm-in-gemv") qr_hn = true;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
       const std::string v = next(), kind = v.substr(0, v.find(':'));
@@ -197,6 +199,7 @@ int main(int argc, char** argv) {
     o.hc_one_kernel = hc_one_kernel;
     o.kv_row_on_side = kv_side;
     o.q_norm_in_gemv = q_hn;
+    o.q_lora_norm_in_gemv = qr_hn;
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,

@@ -357,7 +357,7 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side) and q's heads norm / RoPE as the wq_b GEMV's epilogue (q_norm_in_gemv).
+// on the third stream (kv_row_on_side) and q's norms as GEMV epilogues (q_norm_in_gemv, q_lora_norm_in_gemv).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -375,9 +375,10 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row on the side, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, KV row on the side, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    two.q_norm_in_gemv = true;  // q's heads norm / RoPE as wq_b's GEMV epilogue (the double sums' order aside)
-    expect_identical(graphs ? "selective model, kernels, fp8 KV, q norm in the GEMV, vs one stream (graphs)"
-                            : "selective model, kernels, fp8 KV, q norm in the GEMV, vs one stream (eager)",
+    // q's heads norm / RoPE as wq_b's GEMV epilogue, q_norm as the stacked GEMV's (the double sums' order aside)
+    two.q_norm_in_gemv = two.q_lora_norm_in_gemv = true;
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, q norms in the GEMVs, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, q norms in the GEMVs, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
   }
 }

@@ -256,8 +256,9 @@ TEST(CudaGemv, WaveDivisor) {
 // glue::heads_norm_rope(norm), bit for bit (the double sums of squares differ only in order): V4-Flash's
 // wq_b (32768 x 1024, 64 heads of 512), 8 heads of 512 with 9 .. 64 tokens, and 2048 x 3072 with K split
 // across blocks (set_gemv_ksplit 16 / 32: the tiles' last blocks arrive at the heads); bf16 and f16
-// activations, 8- and 4-warp blocks; three launches in a row (the counters re-arm to zero); and the
-// refusals (heads not a multiple of 128 rows, MXFP4 weights, a 16-bit copy, no counters).
+// activations, 8- and 4-warp blocks; three launches in a row (the counters re-arm to zero). Then the q_norm
+// form against glue::rmsnorm_rows, and the refusals (heads not a multiple of 128 rows, MXFP4 weights, an
+// Out16 copy, no counters, heads past the weight's rows, an output stride shorter than the heads).
 TEST(CudaGemv, HeadNormRopeEpilogue) {
   DSV4_REQUIRE_GPU();
   std::mt19937_64 rng(seed() ^ 0x4e4f524dull);
@@ -298,7 +299,8 @@ TEST(CudaGemv, HeadNormRopeEpilogue) {
     glue::heads_norm_rope(want.p, c.T, heads, head, dpos.p, dinv.p, n_freq, true, eps, false, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> w = want.download();
-    const cudalin::HeadNormRope hn{head, dpos.p, dinv.p, n_freq, eps, counters.p};
+    const cudalin::HeadNormRope hn{
+        .head_rows = head, .pos = dpos.p, .inv_freq = dinv.p, .n_freq = n_freq, .eps = eps, .counters = counters.p};
     for (int rep = 0; rep < 3; ++rep) {
       got.poison();
       cudalin::gemv(dev, dx.p, c.cols, c.T, got.p, c.rows, ws, nullptr, act, {}, hn);
@@ -313,6 +315,48 @@ TEST(CudaGemv, HeadNormRopeEpilogue) {
       ASSERT_EQ(std::count(left.begin(), left.end(), 0), heads) << "arrival counters not re-armed";
     }
   }
+  // The q_norm form: the first 1024 of 1536 rows (wq_a | wkv stacked), weighted, written out of place with a
+  // 16-bit copy, no RoPE, against gemv + glue::rmsnorm_rows; the GEMV's own output stays raw.
+  struct LoraCase { int T; bool f16; int warps, ks; };
+  for (const LoraCase& c : {LoraCase{1, true, 8, 0}, LoraCase{5, false, 8, 0}, LoraCase{3, true, 4, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "q_norm form, T " << c.T << " f16 " << c.f16 << " warps " << c.warps
+                                      << " ks " << c.ks);
+    constexpr int64_t rows = 1536, cols = 4096, lora = 1024;
+    HostWeight h = random_fp8(rng, rows, cols, 112, 136, false);
+    bind(h);
+    DevBuf<uint8_t> dw(h.w), ds(h.s);
+    const cudalin::DevWeight dev{h.view.fmt, rows, cols, dw.p, ds.p, false};
+    std::vector<float> xf, nw(lora);
+    std::vector<uint16_t> xb;
+    if (c.f16) random_f16(rng, size_t(c.T) * cols, xf, xb);
+    else random_bf16(rng, size_t(c.T) * cols, xf, xb);
+    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+    for (float& v : nw) v = wd(rng);
+    const cudalin::ActFormat act = c.f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16;
+    DevBuf<uint16_t> dx(xb), o16_ref(size_t(c.T) * lora), o16(size_t(c.T) * lora);
+    DevBuf<float> dnw(nw), y_ref(size_t(c.T) * rows), y(size_t(c.T) * rows), o_ref(size_t(c.T) * lora),
+        o(size_t(c.T) * lora);
+    DevBuf<int> counter(std::vector<int>{0});
+    cudalin::set_gemv_block_warps(c.warps);
+    cudalin::set_gemv_ksplit(c.ks);
+    y_ref.poison(), o_ref.poison(), o16_ref.poison();
+    cudalin::gemv(dev, dx.p, cols, c.T, y_ref.p, rows, ws, nullptr, act);
+    glue::rmsnorm_rows(y_ref.p, rows, dnw.p, c.T, lora, eps, o_ref.p, lora, nullptr, o16_ref.p, c.f16);
+    const cudalin::HeadNormRope qn{.head_rows = lora, .groups = 1, .weight = dnw.p, .eps = eps,
+                                   .counters = counter.p, .out = o.p, .ld_out = lora, .out16 = o16.p,
+                                   .out16_f16 = c.f16};
+    for (int rep = 0; rep < 2; ++rep) {
+      y.poison(), o.poison(), o16.poison();
+      cudalin::gemv(dev, dx.p, cols, c.T, y.p, rows, ws, nullptr, act, {}, qn);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto yr = y_ref.download(), yg = y.download(), orf = o_ref.download(), og = o.download();
+      const auto o16r = o16_ref.download(), o16g = o16.download();
+      EXPECT_EQ(0, std::memcmp(yr.data(), yg.data(), yr.size() * sizeof(float))) << "the GEMV's own rows changed";
+      EXPECT_EQ(0, std::memcmp(orf.data(), og.data(), orf.size() * sizeof(float))) << "normalized rows differ";
+      EXPECT_EQ(0, std::memcmp(o16r.data(), o16g.data(), o16r.size() * sizeof(uint16_t))) << "16-bit copies differ";
+      EXPECT_EQ(counter.download()[0], 0) << "arrival counter not re-armed";
+    }
+  }
   cudalin::set_gemv_block_warps(8);
   cudalin::set_gemv_ksplit(0);
   // Refusals, each naming the problem.
@@ -323,14 +367,19 @@ TEST(CudaGemv, HeadNormRopeEpilogue) {
   DevBuf<int> cnt(std::vector<int>(64, 0));
   const cudalin::DevWeight fp8{WeightFormat::kFP8Block, 4096, 256, w.p, s.p, false};
   const cudalin::DevWeight fp4{WeightFormat::kFP4, 4096, 256, w.p, s.p, false};
-  const cudalin::HeadNormRope ok{512, p.p, dinv.p, n_freq, eps, cnt.p};
-  cudalin::HeadNormRope odd = ok, none = ok;
+  const cudalin::HeadNormRope ok{
+      .head_rows = 512, .pos = p.p, .inv_freq = dinv.p, .n_freq = n_freq, .eps = eps, .counters = cnt.p};
+  cudalin::HeadNormRope odd = ok, none = ok, past = ok, narrow = ok;
   odd.head_rows = 200;
   none.counters = nullptr;
+  past.groups = 9;  // 9 x 512 rows > 4096
+  narrow.out = y.p, narrow.ld_out = 1000;  // an output row shorter than the heads
   EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, odd), Error);
   EXPECT_THROW(cudalin::gemv(fp4, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, ok), Error);
   EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {y16.p}, ok), Error);
   EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, none), Error);
+  EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, past), Error);
+  EXPECT_THROW(cudalin::gemv(fp8, x.p, 256, 1, y.p, 4096, ws, nullptr, cudalin::ActFormat::kBf16, {}, narrow), Error);
   cudalin::workspace_destroy(ws);
 }
 

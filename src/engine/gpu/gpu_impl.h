@@ -68,7 +68,9 @@ struct Scratch {
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int* hc_counter;          // cuda::HcArgs::counter of the main stream's hc_pre / hc_head (zeroed at allocation)
-  int* q_head_counters;     // [heads] cudalin::HeadNormRope::counters of wq_b's GEMV (GpuOptions::q_norm_in_gemv)
+  // [heads + 1] cudalin::HeadNormRope::counters: wq_b's GEMV (GpuOptions::q_norm_in_gemv), then the stacked
+  // wq_a | wkv GEMV's q_norm (q_lora_norm_in_gemv); zeroed at allocation, re-armed by the kernels.
+  int* q_norm_counters;
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [cap, vocab]
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)

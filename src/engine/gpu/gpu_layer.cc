@@ -218,8 +218,16 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   // GpuOptions::kv_row_on_side: on the compressor's stream once the stacked GEMV has written kv (joined with
   // the compressor, ev_join2, before the slot lists).
   const bool kv_side = qkv_stacked && par_comp && opt.kv_row_on_side;
+  // The 16-bit copy for wq_b and index wq_b, written with the normalized q_lora rows.
+  const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
+  // GpuOptions::q_lora_norm_in_gemv: q_norm (into s.qr and qrb) as the stacked GEMV's epilogue.
+  const bool qr_hn = opt.q_lora_norm_in_gemv && qkv_stacked && T <= 64 &&
+                     cudalin::gemv_head_norm_applies(L.wq_a_wkv.d, qlr, 1);
   if (qkv_stacked) {
-    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb);
+    const cudalin::HeadNormRope qn{.head_rows = qlr, .groups = 1, .weight = L.q_norm, .eps = eps,
+                                   .counters = s.q_norm_counters + H, .out = s.qr, .ld_out = qlr,
+                                   .out16 = const_cast<uint16_t*>(qrb.p), .out16_f16 = qrb.f16};
+    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb, qr_hn ? &qn : nullptr);
     qr_in = s.qkv, kv_in = s.qkv + qlr, qr_ld = kv_ld = qlr + hd;
   } else {
     lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
@@ -229,9 +237,9 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
     encode_kv();
   }
-  // The 16-bit copy for wq_b and index wq_b, written here.
-  const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
-  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p), qrb.f16);
+  if (!qr_hn)
+    glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p),
+                       qrb.f16);
   if (par) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
@@ -239,7 +247,8 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   }
   // GpuOptions::q_norm_in_gemv: the per-head RMSNorm and RoPE of q as the wq_b GEMV's epilogue.
   const bool q_hn = opt.q_norm_in_gemv && T <= 64 && use_gemv(L.wq_b) && cudalin::gemv_head_norm_applies(L.wq_b.d, hd);
-  const cudalin::HeadNormRope hn{hd, pos, freq, n_freq, eps, s.q_head_counters};
+  const cudalin::HeadNormRope hn{
+      .head_rows = hd, .pos = pos, .inv_freq = freq, .n_freq = n_freq, .eps = eps, .counters = s.q_norm_counters};
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb, q_hn ? &hn : nullptr);
   if (!q_hn)
     glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false,

@@ -66,6 +66,9 @@ struct GpuOptions {
   // launch between wq_b and the attention. Steps of <= 64 tokens on the GEMV path. Same results (the double
   // sum of squares in another order; CudaGemv.HeadNormRopeEpilogue checks bit for bit).
   bool q_norm_in_gemv = false;
+  // Experiment, not yet run: q_norm (the q_lora rows' RMSNorm and their 16-bit copy for wq_b) as the epilogue
+  // of the stacked wq_a | wkv GEMV instead of a glue::rmsnorm_rows launch. Same results (as above).
+  bool q_lora_norm_in_gemv = false;
 };
 
 struct SlotPool;

@@ -78,15 +78,17 @@ __device__ __forceinline__ void finish_split_k(const GemvArgs& a, int64_t row0, 
 // The HeadNormRope epilogue, called by the whole block once its rows [r0, r0 + n) of y are final for every
 // token (n divides head_rows: blocks cover aligned runs of 16 .. 128 rows and head_rows is a multiple of 128,
 // so no block straddles two heads). The last of the head's head_rows / n blocks (arrival counter, as
-// finish_split_k) reads the head back through L2 and applies glue::heads_norm_rope's arithmetic: the double
-// sum of squares, r = 1 / sqrtf(float(ss / rows) + eps), v * r, then rope_rotate of the last 2 * n_freq rows
-// in pairs. Each thread rotates whole pairs it scaled itself, so no barrier separates the two.
+// finish_split_k) reads the head back through L2 and applies glue::heads_norm_rope's / rmsnorm_rows'
+// arithmetic: the double sum of squares, r = 1 / sqrtf(float(ss / rows) + eps), w * (v * r) or v * r, then
+// rope_rotate of the last 2 * n_freq rows in pairs. Each thread rotates whole pairs it scaled itself, so no
+// barrier separates the two.
 template <int MW>
 __device__ void head_norm_rope(const GemvArgs& a, int64_t r0, int64_t n) {
   __shared__ double red[MW];
   __shared__ int last;
   const HeadNormRope& hn = a.hn;
   const int64_t h = r0 / hn.head_rows;
+  if (h >= (hn.groups ? hn.groups : a.N / hn.head_rows)) return;  // rows past the groups (block-uniform)
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&hn.counters[h], 1) == static_cast<int>(hn.head_rows / n) - 1;
@@ -95,8 +97,16 @@ __device__ void head_norm_rope(const GemvArgs& a, int64_t r0, int64_t n) {
   __threadfence();
   const int rows = static_cast<int>(hn.head_rows), nope = rows - 2 * hn.n_freq;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t ld_o = hn.out ? hn.ld_out : a.ldy;
+  const float* wt = hn.weight;
   for (int tok = 0; tok < a.T; ++tok) {
-    float* v = a.y + tok * a.ldy + h * rows;
+    const float* v = a.y + tok * a.ldy + h * rows;
+    float* o = (hn.out ? hn.out : a.y) + tok * ld_o + h * rows;
+    uint16_t* o16 = hn.out16 ? hn.out16 + tok * ld_o + h * rows : nullptr;
+    auto put = [&](int i, float x) {
+      o[i] = x;
+      if (o16) o16[i] = cuda::ptx::act16_bits_rn(x, hn.out16_f16);
+    };
     double ss = 0.0;
     for (int i = threadIdx.x; i < rows; i += blockDim.x) {
       const double x = __ldcg(v + i);
@@ -109,14 +119,14 @@ __device__ void head_norm_rope(const GemvArgs& a, int64_t r0, int64_t n) {
     ss = 0.0;
     for (int w = 0; w < MW; ++w) ss += red[w];
     const float r = 1.0f / sqrtf(static_cast<float>(ss / rows) + hn.eps);
-    for (int i = threadIdx.x; i < nope; i += blockDim.x) v[i] = __ldcg(v + i) * r;
-    const int64_t p = hn.pos[tok];
+    auto norm = [&](int i) { return wt ? wt[i] * (__ldcg(v + i) * r) : __ldcg(v + i) * r; };
+    for (int i = threadIdx.x; i < nope; i += blockDim.x) put(i, norm(i));
     for (int j = threadIdx.x; j < hn.n_freq; j += blockDim.x) {
-      float* pr = v + nope + 2 * j;
-      const float2 o = cuda::rope_rotate(__ldcg(pr) * r, __ldcg(pr + 1) * r, p, hn.inv_freq[j], false);
-      pr[0] = o.x, pr[1] = o.y;
+      const int i = nope + 2 * j;
+      const float2 rot = cuda::rope_rotate(norm(i), norm(i + 1), hn.pos[tok], hn.inv_freq[j], false);
+      put(i, rot.x), put(i + 1, rot.y);
     }
-    __syncthreads();  // red is reused by the next token
+    __syncthreads();  // red is reused by the next token (and every read of y precedes the next token's writes)
   }
   if (threadIdx.x == 0) hn.counters[h] = 0;  // ready for the next launch
 }
@@ -366,15 +376,17 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     throw Error(str_cat("cuda gemv: activations must be 16-byte aligned with a row stride multiple of 8 (ldx ", ldx, ")"));
   const int C = static_cast<int>(w.cols / 128), tiles = static_cast<int>(w.rows / 16);
   const bool fp4_scale_aligned = !fp4 || reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
-  if (hn.head_rows && !gemv_head_norm_applies(w, hn.head_rows))
+  if (hn.head_rows && !gemv_head_norm_applies(w, hn.head_rows, hn.groups))
     throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs FP8 weights (16-byte aligned, v2 ",
-                        "kernels) with heads of a multiple of 128 rows dividing the weight's; weight [", w.rows, ", ",
-                        w.cols, "], heads of ", hn.head_rows, " rows"));
-  if (hn.head_rows && (y16.p || group_rows || !hn.pos || !hn.counters || hn.n_freq < 0 ||
-                       2 * hn.n_freq > hn.head_rows || (hn.n_freq > 0 && !hn.inv_freq)))
-    throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs positions, counters, inverse frequencies for ",
-                        hn.n_freq, " pairs (at most half a head of ", hn.head_rows,
-                        " rows), and neither a 16-bit copy nor groups"));
+                        "kernels) with heads of a multiple of 128 rows inside the weight's; weight [", w.rows, ", ",
+                        w.cols, "], ", hn.groups, " heads of ", hn.head_rows, " rows"));
+  if (hn.head_rows && (y16.p || group_rows || !hn.counters || hn.n_freq < 0 || 2 * hn.n_freq > hn.head_rows ||
+                       (hn.n_freq > 0 && (!hn.inv_freq || !hn.pos)) ||
+                       (hn.out && hn.ld_out < (hn.groups ? hn.groups : w.rows / hn.head_rows) * hn.head_rows)))
+    throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs counters, positions and inverse ",
+                        "frequencies for ", hn.n_freq, " pairs (at most half a head of ", hn.head_rows,
+                        " rows), an output stride covering the heads (", hn.ld_out,
+                        "), and neither an Out16 copy nor groups"));
   if (g_version == 2 && fp4_scale_aligned && reinterpret_cast<uintptr_t>(w.w) % 16 == 0) {
     // K split: the largest power of two (<= C) whose grid still fits in one wave of resident blocks (beyond
     // 8 splits per tile, grid.y > 1 with the extra reduction round trip: measured still faster for the small
@@ -419,9 +431,10 @@ void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, i
   gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0, act, y16, hn);
 }
 
-bool gemv_head_norm_applies(const DevWeight& w, int64_t head_rows) {
+bool gemv_head_norm_applies(const DevWeight& w, int64_t head_rows, int groups) {
   return w.fmt == WeightFormat::kFP8Block && g_version == 2 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0 &&
-         head_rows > 0 && head_rows % 128 == 0 && w.rows % head_rows == 0;
+         head_rows > 0 && head_rows % 128 == 0 && groups >= 0 &&
+         (groups ? groups * head_rows <= w.rows : w.rows % head_rows == 0);
 }
 
 void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,
