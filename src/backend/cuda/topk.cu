@@ -480,21 +480,8 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
   // CTAs per row from the row length only (never from device data): one tile per CTA up to 8 CTAs.
   int C = static_cast<int>(std::min<int64_t>(kMaxCluster, std::max<int64_t>(1, (cols + kTile - 1) / kTile)));
   if (static_cast<int64_t>(rows) * C > (int64_t{1} << 30)) C = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows) * C);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // backend/cuda/pdl.cuh
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  check(cudaLaunchKernelEx(&cfg, topk_rows_kernel, scores, row_stride, static_cast<int>(cols), lengths, k, out),
+  check(launch_cluster(topk_rows_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kThreads), 0, stream,
+                       static_cast<unsigned>(C), scores, row_stride, static_cast<int>(cols), lengths, k, out),
         "topk_rows_kernel launch");
 }
 

@@ -90,16 +90,23 @@ const void* DeviceWeights::put_concat(const void* a, size_t na, const void* b, s
   return p;
 }
 
-DevLinear DeviceWeights::put(const LinearWeight& w) {
+namespace {
+// A DevLinear over device bytes wd / sd that hold `rows` rows in w's format, width and scale layout.
+DevLinear dev_linear(const LinearWeight& w, int64_t rows, const uint8_t* wd, const uint8_t* sd) {
   DevLinear d;
   d.fmt = w.fmt;
-  d.rows = w.rows;
+  d.rows = rows;
   d.cols = w.cols;
-  const uint8_t* wd = static_cast<const uint8_t*>(put(w.w, weight_bytes(w)));
-  const uint8_t* sd = static_cast<const uint8_t*>(put(w.scale, scale_bytes(w)));
-  d.g = glue::Weight{glue_format(w.fmt), w.rows, w.cols, wd, sd, w.scale_is_f32, w.block};
-  if (w.fmt != WeightFormat::kBF16) d.d = cudalin::DevWeight{w.fmt, w.rows, w.cols, wd, sd, w.scale_is_f32};
+  d.g = glue::Weight{glue_format(w.fmt), rows, w.cols, wd, sd, w.scale_is_f32, w.block};
+  if (w.fmt != WeightFormat::kBF16) d.d = cudalin::DevWeight{w.fmt, rows, w.cols, wd, sd, w.scale_is_f32};
   return d;
+}
+}  // namespace
+
+DevLinear DeviceWeights::put(const LinearWeight& w) {
+  const auto* wd = static_cast<const uint8_t*>(put(w.w, weight_bytes(w)));
+  const auto* sd = static_cast<const uint8_t*>(put(w.scale, scale_bytes(w)));
+  return dev_linear(w, w.rows, wd, sd);
 }
 
 // Rows of a then rows of b in one allocation, when their formats stack: the same format, width and scale
@@ -118,13 +125,7 @@ void DeviceWeights::put_stacked(const LinearWeight& a, const LinearWeight& b, De
   }
   const auto* wd = static_cast<const uint8_t*>(put_concat(a.w, weight_bytes(a), b.w, weight_bytes(b)));
   const auto* sd = static_cast<const uint8_t*>(put_concat(a.scale, scale_bytes(a), b.scale, scale_bytes(b)));
-  LinearWeight both = a;
-  both.rows = a.rows + b.rows;
-  stacked.fmt = a.fmt;
-  stacked.rows = both.rows;
-  stacked.cols = a.cols;
-  stacked.g = glue::Weight{glue_format(a.fmt), both.rows, a.cols, wd, sd, a.scale_is_f32, a.block};
-  stacked.d = cudalin::DevWeight{a.fmt, both.rows, a.cols, wd, sd, a.scale_is_f32};
+  stacked = dev_linear(a, a.rows + b.rows, wd, sd);
   va = stacked.rows_view(0, a.rows);
   vb = stacked.rows_view(a.rows, b.rows);
 }
