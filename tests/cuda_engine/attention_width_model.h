@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -64,6 +67,28 @@ inline void write_gpu_engine_test_model(uint64_t seed, bool selective, const std
   RandomCheckpointOptions o;
   o.seed = seed + (selective ? 1 : 0);
   write_random_checkpoint(gpu_engine_test_config(selective), dir, o);
+}
+
+// The CPU replay tools' common start (tests/tools): `tool SEED [STEPS]` parsed, test_gpu_model's continuous or
+// selective model of that run seed written into a temporary directory (the caller removes it), and the seed's
+// two prompts. False (after printing the usage) without a seed.
+struct ReplayModel {
+  uint64_t seed = 0;
+  int steps = 256;
+  std::string dir;
+  std::vector<std::vector<int32_t>> prompts;
+};
+inline bool replay_model_from_args(int argc, char** argv, const char* tool, bool selective, ReplayModel& r) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s SEED [STEPS (default 256)]\n", tool);
+    return false;
+  }
+  r.seed = std::strtoull(argv[1], nullptr, 10);
+  if (argc > 2) r.steps = std::atoi(argv[2]);
+  r.dir = (std::filesystem::temp_directory_path() / (std::string("dsv4_") + tool + "_" + std::to_string(r.seed))).string();
+  write_gpu_engine_test_model(r.seed, selective, r.dir);
+  r.prompts = gpu_engine_test_prompts(r.seed);
+  return true;
 }
 
 // The error of logits row a against the reference row b: max |a - b| / max |b|; NaN or inf in a gives inf

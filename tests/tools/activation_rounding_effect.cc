@@ -17,19 +17,14 @@
 using namespace dsv4;
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: activation_rounding_effect SEED [STEPS (default 256)]\n");
-    return 2;
-  }
-  const uint64_t seed = std::strtoull(argv[1], nullptr, 10);
-  const int steps = argc > 2 ? std::atoi(argv[2]) : 256;
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dsv4_act_effect_" + std::to_string(seed))).string();
-  testing::write_gpu_engine_test_model(seed, false, dir);
-  const std::vector<std::vector<int32_t>> prompts = testing::gpu_engine_test_prompts(seed);
+  testing::ReplayModel r;
+  if (!testing::replay_model_from_args(argc, argv, "activation_rounding_effect", false, r)) return 2;
+  const auto& prompts = r.prompts;
+  const int steps = r.steps;
   EngineOptions f32, bf16;
   f32.kv_dtype = bf16.kv_dtype = KvDtype::kF32;
   bf16.bf16_activations = true;
-  auto ref = Model::load(dir, f32), rounded = Model::load(dir, bf16);
+  auto ref = Model::load(r.dir, f32), rounded = Model::load(r.dir, bf16);
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto sr = ref->new_sequence(), sb = rounded->new_sequence();
     std::vector<SeqChunk> br(1), bb(1);
@@ -46,6 +41,6 @@ int main(int argc, char** argv) {
     }
     std::printf("seq %zu (prompt %zu): d_a = %.3e (step %d)\n", i, prompts[i].size(), worst, worst_k);
   }
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(r.dir);
   return 0;
 }

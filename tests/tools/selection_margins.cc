@@ -17,25 +17,19 @@
 using namespace dsv4;
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: selection_margins SEED [STEPS (default 256)]\n");
-    return 2;
-  }
-  const uint64_t seed = std::strtoull(argv[1], nullptr, 10);
-  const int steps = argc > 2 ? std::atoi(argv[2]) : 256;
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dsv4_margins_" + std::to_string(seed))).string();
-  testing::write_gpu_engine_test_model(seed, true, dir);
-  const std::vector<std::vector<int32_t>> prompts = testing::gpu_engine_test_prompts(seed);
+  testing::ReplayModel r;
+  if (!testing::replay_model_from_args(argc, argv, "selection_margins", true, r)) return 2;
+  const auto& prompts = r.prompts;
   EngineOptions eo;
   eo.kv_dtype = KvDtype::kF32;
-  auto m = Model::load(dir, eo);
+  auto m = Model::load(r.dir, eo);
   cpu::selection_margin_track(true);
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto s = m->new_sequence();
     std::vector<SeqChunk> b(1);
     b[0].seq = s.get();
     b[0].tokens = prompts[i];
-    for (int k = 0; k < steps; ++k) {
+    for (int k = 0; k < r.steps; ++k) {
       cpu::selection_margin_reset();
       const auto out = m->forward(b);
       const auto& l = out[0].logits;
@@ -44,6 +38,6 @@ int main(int argc, char** argv) {
       b[0].tokens = {t};
     }
   }
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(r.dir);
   return 0;
 }
