@@ -189,8 +189,9 @@ struct GpuModel::Impl {
   uint16_t* x_bf16() const;
   // y = x · Wᵀ over T rows of 16-bit activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
   // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16; bf16 only).
+  // hn: cudalin::gemv's head norm / RoPE epilogue (up to 64 rows only).
   void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy,
-              bool f16 = false);
+              bool f16 = false, const cudalin::HeadNormRope* hn = nullptr);
   bool use_gemv(const DevLinear& wt) const;
   // Whether a T-token step feeds wt's GEMV f16 activations (GpuOptions::f16_activations, FP8, <= 64 tokens).
   bool h16(const DevLinear& wt, int T) const;

@@ -51,7 +51,7 @@ bool GpuModel::Impl::moe_h16(int li, int T) const {
 
 void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb,
                          const cudalin::HeadNormRope* hn) {
-  if (hn && (!use_gemv(wt) || T > 64)) fail("GPU forward: the GEMV head epilogue without the GEMV (internal error)");
+  if (hn && !use_gemv(wt)) fail("GPU forward: the GEMV head epilogue without the GEMV (internal error)");
   if (!use_gemv(wt)) {
     glue::linear(wt.g, 0, wt.rows, x, T, ldx, y, ldy, stream);
     return;
@@ -62,12 +62,7 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
     else cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     xb = {s.xb, f16};
   }
-  if (hn) {
-    cudalin::gemv(wt.d, xb.p, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16,
-                  {}, *hn);
-    return;
-  }
-  matmul(wt.d, xb.p, ldx, T, y, ldy, f16);
+  matmul(wt.d, xb.p, ldx, T, y, ldy, f16, hn);
 }
 
 uint16_t* GpuModel::Impl::x_bf16() const {
@@ -75,12 +70,14 @@ uint16_t* GpuModel::Impl::x_bf16() const {
 }
 
 void GpuModel::Impl::matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
-                            int64_t ldy, bool f16) {
+                            int64_t ldy, bool f16, const cudalin::HeadNormRope* hn) {
   if (T <= 64) {
-    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
+    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16, {},
+                  hn ? *hn : cudalin::HeadNormRope{});
     return;
   }
   if (f16) fail("GPU forward: f16 activations above 64 tokens (internal error)");
+  if (hn) fail("GPU forward: the GEMV head epilogue above 64 tokens (internal error)");
   // Compute-bound: dequantize once (exact), then a bf16 tensor-core GEMM. s.wbuf exists whenever a step can
   // exceed 64 tokens (alloc_scratch) and holds the largest FP8/MXFP4 weight.
   cudalin::dequant_to_bf16(w, s.wbuf, stream);
