@@ -6,7 +6,11 @@
 namespace dsv4::cudalin {
 
 void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error(str_cat("CUDA error in ", what, ": ", cudaGetErrorString(err)));
+  if (err == cudaSuccess) return;
+  // A refused launch also sets the runtime's last error; clear it (not sticky), so the next launch's
+  // cudaGetLastError does not report this one under its own name.
+  (void)cudaGetLastError();
+  throw Error(str_cat("CUDA error in ", what, ": ", cudaGetErrorString(err)));
 }
 
 DeviceInfo device_info() {
