@@ -157,7 +157,9 @@ int main(int argc, char** argv) {
       else split.light_tokens = std::atoi(v.c_str());
       const size_t c1 = v.find(':'), c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
       if (c1 != std::string::npos) split.max_tokens = std::atoi(v.c_str() + c1 + 1);
+      const size_t c3 = c2 == std::string::npos ? c2 : v.find(':', c2 + 1);
       if (c2 != std::string::npos) split.wide_light_tokens = std::atoi(v.c_str() + c2 + 1);
+      if (c3 != std::string::npos) split.wider_light_tokens = std::atoi(v.c_str() + c3 + 1);
       cudalin::set_moe_split(split);
     }
     else if (a == "--no-overlap") overlap = false;

@@ -357,24 +357,26 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--moe-nt") == 0) {  // the MoE decode rows with the n-tile count capped
     bench_copy();
     g_act = cudalin::ActFormat::kF16;
-    cudalin::set_moe_split({false});  // the cap rows without the split (the default up to 16 tokens)
+    cudalin::set_moe_split({false});  // the cap rows without the split (the default up to 64 tokens)
     for (int nt : {8, 4, 2, 1}) {
       cudalin::set_moe_max_ntiles(nt);
       g_moe_tag = ", at most " + std::to_string(nt) + " n-tiles";
       bench_moe(true);
     }
     cudalin::set_moe_max_ntiles(2);  // the default
-    for (int light : {1, 2}) {  // the split by expert load (set_moe_split), at every token count
-      cudalin::set_moe_split({true, light, 64});
+    for (int light : {1, 2}) {  // the split by expert load (set_moe_split), light 8 pairs above 8 tokens
+      cudalin::set_moe_split({true, light, 64, 8, 8});
       g_moe_tag = ", split at " + std::to_string(light) + " pairs";
       bench_moe(true);
     }
     for (int wide : {16, 24}) {  // light above 8 tokens up to `wide` pairs
-      cudalin::set_moe_split({true, 2, 64, wide});
+      cudalin::set_moe_split({true, 2, 64, wide, wide});
       g_moe_tag = ", split at 2 / " + std::to_string(wide) + " pairs";
       bench_moe(true);
     }
-    cudalin::set_moe_split({});
+    cudalin::set_moe_split({});  // the default (light 2 / 8 / 16 pairs)
+    g_moe_tag = ", default split";
+    bench_moe(true);
     g_moe_tag.clear();
     print_rows();
     return 0;

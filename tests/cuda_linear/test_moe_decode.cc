@@ -262,13 +262,14 @@ TEST(CudaMoeDecode, WaveDivisor) {
 // sharing the per-token combine. Loads 0, 1 and all tokens, an expert listed twice per token (also with T <=
 // the light count, where the heavy launches are left out), random routes, both split points, T from 2 (the
 // split's first) to 64, every forced K split on the short shape; T = 1 and bf16 activations, where it does not
-// apply. And the same battery without the split (the default takes it up to 16 tokens).
+// apply. And the same battery without the split (the default takes it up to 64 tokens).
 TEST(CudaMoeDecode, SplitByExpertLoad) {
   DSV4_REQUIRE_GPU();
   int seed = 1200;
-  for (int light : {0, 1, 2, 3}) {  // 3: light 2, and <= 24 pairs above 8 tokens
+  for (int light : {0, 1, 2, 3}) {  // 2: the default (light 2 / 8 / 16 pairs); 3: light 2, then 24 / 24 pairs
     SCOPED_TRACE(light ? "light experts: <= " + std::to_string(light) + " pairs" : std::string("no split"));
-    cudalin::set_moe_split({light > 0, std::min(std::max(light, 1), 2), 64, light == 3 ? 24 : 8});
+    cudalin::set_moe_split({light > 0, std::min(std::max(light, 1), 2), 64, light == 3 ? 24 : 8,
+                            light == 3 ? 24 : light == 2 ? 16 : 8});
     for (int T : {1, 2, 3, 8, 9, 17, 40, 64}) {
       run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++, true);
       run_case(small_shape(), T, Route::kLoads01All, 1.f, T % 2 == 1, seed++, true);
@@ -294,6 +295,7 @@ TEST(CudaMoeDecode, SplitByExpertLoad) {
   EXPECT_THROW(cudalin::set_moe_split({true, 9}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 65}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 16, 0}), dsv4::Error);
+  EXPECT_THROW(cudalin::set_moe_split({true, 2, 64, 8, 65}), dsv4::Error);
 }
 
 TEST(CudaMoeDecode, Version1) {

@@ -172,21 +172,22 @@ void set_moe_lean(const MoeLean& lean);
 MoeLean moe_lean();
 // v2 knob: for launches of 2 .. max_tokens tokens (f16 activations, 4-warp blocks), choose the kernel per
 // expert by its pair count on the device, in two launches per matrix: light experts (<= light_tokens pairs
-// up to 8 tokens, <= wide_light_tokens pairs above) through the one-n-tile kernels (the lean ones up to 8
-// tokens, as set_moe_lean's kernel flags allow), heavy ones through the kernels sized for the token count
-// (set_moe_max_ntiles does not apply). When no expert can pass light_tokens (T <= light_tokens) the heavy
-// launches are left out. Default: on, light 2, up to 16 tokens. H200 run 25 (docs/GEMM_MOE.md), MoE against
-// the n-tile cap alone: T = 4 random routes 180 -> 173 us, all 4 tokens on 6 experts 83 -> 67 us, T = 16 on 6
-// experts 166 -> 150 us; but the batch-64 step lost (73.05 -> 75.10 ms), so not above 16 tokens. Run 26,
-// the step against --moe-split off in the same run: batch 4 14.09 -> 13.94 ms, batch 16 30.08 -> 29.60 ms
-// (batch 2, all experts light and lean: 10.02 in run 24 -> 9.45).
-// wide_light_tokens above 8 (not yet measured, docs/NOTES.md): at batch 64 the heavy launch's NT = 8 kernels
-// are what lost, so fewer, heavier experts there may keep the same-experts gain without the loss.
+// up to 8 tokens, <= wide_light_tokens pairs at 9 .. 32 tokens, <= wider_light_tokens at 33 .. 64) through the
+// one-n-tile kernels (the lean ones up to 8 tokens, as set_moe_lean's kernel flags allow), heavy ones through
+// the kernels sized for the token count (set_moe_max_ntiles does not apply). When no expert can pass
+// light_tokens (T <= light_tokens) the heavy launches are left out.
+// Measured on the H200 (docs/GEMM_MOE.md), MoE against the n-tile cap of 2 alone: run 25, T = 4 random routes
+// 180 -> 173 us, all 4 tokens on 6 experts 83 -> 67 us, T = 16 on 6 experts 166 -> 150 us. Run 30: T = 64
+// random 1445 -> 1411 us, T = 64 on 6 experts 627 -> 481 us with 16 pairs (light 8 at T = 64: 1428 / 482);
+// but at T = 16 on 6 experts a light bound of 16 or 24 pairs loses (150 -> 187 us), so 8 there. Steps
+// (run 26, against --moe-split off): batch 4 14.09 -> 13.94 ms, batch 16 30.08 -> 29.60 ms; run 29, batch 64
+// 72.97 -> 72.39 ms (light 16 above 8 tokens).
 struct MoeSplit {
   bool on = true;
   int light_tokens = 2;
-  int max_tokens = 16;
+  int max_tokens = 64;
   int wide_light_tokens = 8;
+  int wider_light_tokens = 16;
 };
 void set_moe_split(const MoeSplit& split);
 

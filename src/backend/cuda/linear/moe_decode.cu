@@ -608,7 +608,7 @@ void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
       const int wide = g_moe_split.wide_light_tokens;
       if (T <= 16) return run_split<MW, 2>(a, max_active, wide, false, stream);
       if (T <= 32) return run_split<MW, 4>(a, max_active, wide, false, stream);
-      return run_split<MW, 8>(a, max_active, wide, false, stream);
+      return run_split<MW, 8>(a, max_active, g_moe_split.wider_light_tokens, false, stream);
     }
   }
   if (T <= 8 || g_moe_max_nt == 1) Moe2<1, H16, MW>::run(a, max_active, stream);
@@ -653,7 +653,10 @@ void set_moe_split(const MoeSplit& split) {
     throw Error(str_cat("cuda moe_decode: split up to ", split.max_tokens, " tokens (2..64)"));
   if (split.wide_light_tokens < 1 || split.wide_light_tokens > 64)
     throw Error(str_cat("cuda moe_decode: split at ", split.wide_light_tokens,
-                        " pairs per light expert above 8 tokens (1..64)"));
+                        " pairs per light expert at 9..32 tokens (1..64)"));
+  if (split.wider_light_tokens < 1 || split.wider_light_tokens > 64)
+    throw Error(str_cat("cuda moe_decode: split at ", split.wider_light_tokens,
+                        " pairs per light expert at 33..64 tokens (1..64)"));
   g_moe_split = split;
 }
 void set_moe_block_warps(int warps) {
