@@ -15,18 +15,20 @@ if [ -z "${SKIP_ENGINE:-}" ]; then
   bash scripts/gpu/run_engine.sh > "$OUT/engine.txt" 2>&1
   echo "engine rc=$?" >> "$OUT/engine.txt"
 fi
-# Kernel tests (same build dir, incremental), KTESTS="test_cuda_..." to choose; default: those that changed
+BENCH_BUILD=build-gpu timeout ${BENCH_TIMEOUT:-300} bash scripts/gpu/bench_flash.sh "$@" > "$OUT/flash.txt" 2>&1
+echo "flash rc=$?" >> "$OUT/flash.txt"
+# Kernel tests (same build dir, incremental; after the benchmark, which configures build-gpu also when
+# SKIP_ENGINE=1 leaves out run_engine.sh), KTESTS="test_cuda_..." to choose; default: those that changed
 # last (compressor graph replay, MoE prefill, the strided prefill GEMM, the grouped GEMV).
 KTESTS=${KTESTS:-test_cuda_compressor test_cuda_moe_prefill test_cuda_prefill test_cuda_gemv}
-[ "$KTESTS" != none ] && { cmake --build build-gpu -j "$JOBS" --target $KTESTS > "$OUT/build-kernels.log" 2>&1 &&
+[ "$KTESTS" != none ] && { if cmake --build build-gpu -j "$JOBS" --target $KTESTS > "$OUT/build-kernels.log" 2>&1; then
   for t in $KTESTS; do
     exe=$(find build-gpu -name "$t" -type f -perm -u+x | head -1)
     timeout ${KTEST_TIMEOUT:-120} "$exe" > "$OUT/$t.log" 2>&1
     echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E "Failure|Expected|Which is|exception" "$OUT/$t.log" | head -10
-  done; } > "$OUT/kernels.txt" 2>&1
-BENCH_BUILD=build-gpu timeout ${BENCH_TIMEOUT:-300} bash scripts/gpu/bench_flash.sh "$@" > "$OUT/flash.txt" 2>&1
-echo "flash rc=$?" >> "$OUT/flash.txt"
+  done
+else echo "KERNEL TEST BUILD FAILED:"; grep -E "error|Error" "$OUT/build-kernels.log" | head -10; fi; } > "$OUT/kernels.txt" 2>&1
 # LINBENCH="--f16-ab": the linear kernels' benchmark (bench_cuda_linear) with that mode, same build dir (after bench_flash.sh
 # configured it with the benchmarks on).
 if [ -n "${LINBENCH:-}" ]; then

@@ -61,13 +61,15 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
-  // Experiment, not yet run (docs/NOTES.md): the per-head RMSNorm and RoPE of q as the epilogue of wq_b's GEMV
+  // Experiment, off (lost on the H200): the per-head RMSNorm and RoPE of q as the epilogue of wq_b's GEMV
   // (cudalin::HeadNormRope: the last block to finish a head normalizes it) instead of a glue::heads_norm_rope
   // launch between wq_b and the attention. Steps of <= 64 tokens on the GEMV path. Same results (the double
-  // sum of squares in another order; CudaGemv.HeadNormRopeEpilogue checks bit for bit).
+  // sum of squares in another order; CudaGemv.HeadNormRopeEpilogue checks bit for bit). Run 29, batch-1 step
+  // in the same run: 7.269 -> 7.300 ms (the last block of each head does the head alone, at the GEMV's tail).
   bool q_norm_in_gemv = false;
-  // Experiment, not yet run: q_norm (the q_lora rows' RMSNorm and their 16-bit copy for wq_b) as the epilogue
-  // of the stacked wq_a | wkv GEMV instead of a glue::rmsnorm_rows launch. Same results (as above).
+  // Experiment, off (lost): q_norm (the q_lora rows' RMSNorm and their 16-bit copy for wq_b) as the epilogue
+  // of the stacked wq_a | wkv GEMV instead of a glue::rmsnorm_rows launch. Same results (as above). Run 29:
+  // 7.269 -> 7.394 ms; both on: 7.440 ms.
   bool q_lora_norm_in_gemv = false;
 };
 
