@@ -8,7 +8,8 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
-//                     [--moe-split off|LIGHT[:TOKENS[:WIDE]]] [--kv-row-on-main] [--q-norm-in-gemv] [--q-lora-norm-in-gemv]
+//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--q-norm-in-gemv]
+//                     [--q-lora-norm-in-gemv]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -19,8 +20,8 @@
 // --moe-warps N: warps per block of the MoE decode kernels (cudalin::set_moe_block_warps; default 4).
 // --gemv-warps N: warps per block of the decode GEMV (cudalin::set_gemv_block_warps; default 8).
 // --moe-split SPEC: the MoE decode kernels chosen per expert by its load (cudalin::set_moe_split; light
-//   experts: <= LIGHT pairs up to 8 tokens, <= WIDE above) for launches of 2 .. TOKENS tokens (default 2:16:8),
-//   or off.
+//   experts: <= LIGHT pairs up to 8 tokens, <= WIDE at 9-32, <= WIDER at 33-64; the light launches lean up to
+//   LEAN tokens) for launches of 2 .. TOKENS tokens (default 2:64:8:16:8), or off.
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
 // --q-norm-in-gemv: GpuOptions::q_norm_in_gemv (q's heads norm / RoPE as the wq_b GEMV's epilogue).
 // --q-lora-norm-in-gemv: GpuOptions::q_lora_norm_in_gemv (q_norm as the stacked wq_a | wkv GEMV's epilogue).
@@ -158,8 +159,10 @@ int main(int argc, char** argv) {
       const size_t c1 = v.find(':'), c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
       if (c1 != std::string::npos) split.max_tokens = std::atoi(v.c_str() + c1 + 1);
       const size_t c3 = c2 == std::string::npos ? c2 : v.find(':', c2 + 1);
+      const size_t c4 = c3 == std::string::npos ? c3 : v.find(':', c3 + 1);
       if (c2 != std::string::npos) split.wide_light_tokens = std::atoi(v.c_str() + c2 + 1);
       if (c3 != std::string::npos) split.wider_light_tokens = std::atoi(v.c_str() + c3 + 1);
+      if (c4 != std::string::npos) split.lean_light_tokens = std::atoi(v.c_str() + c4 + 1);
       cudalin::set_moe_split(split);
     }
     else if (a == "--no-overlap") overlap = false;

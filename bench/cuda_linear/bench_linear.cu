@@ -374,6 +374,9 @@ int main(int argc, char** argv) {
       g_moe_tag = ", split at 2 / " + std::to_string(wide) + " pairs";
       bench_moe(true);
     }
+    cudalin::set_moe_split({true, 2, 64, 8, 16, 64});  // the default with lean light kernels above 8 tokens
+    g_moe_tag = ", default split, lean light to 64 tokens";
+    bench_moe(true);
     cudalin::set_moe_split({});  // the default (light 2 / 8 / 16 pairs)
     g_moe_tag = ", default split";
     bench_moe(true);

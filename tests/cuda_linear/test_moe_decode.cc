@@ -266,10 +266,12 @@ TEST(CudaMoeDecode, WaveDivisor) {
 TEST(CudaMoeDecode, SplitByExpertLoad) {
   DSV4_REQUIRE_GPU();
   int seed = 1200;
-  for (int light : {0, 1, 2, 3}) {  // 2: the default (light 2 / 8 / 16 pairs); 3: light 2, then 24 / 24 pairs
-    SCOPED_TRACE(light ? "light experts: <= " + std::to_string(light) + " pairs" : std::string("no split"));
+  // 2: the default (light 2 / 8 / 16 pairs); 3: light 2, then 24 / 24 pairs; 4: the default with the lean
+  // light kernels up to 64 tokens (MoeSplit::lean_light_tokens; lean w1/w3 up to 128 pairs, so T <= 21).
+  for (int light : {0, 1, 2, 3, 4}) {
+    SCOPED_TRACE(light ? "split configuration " + std::to_string(light) : std::string("no split"));
     cudalin::set_moe_split({light > 0, std::min(std::max(light, 1), 2), 64, light == 3 ? 24 : 8,
-                            light == 3 ? 24 : light == 2 ? 16 : 8});
+                            light == 3 ? 24 : light >= 2 ? 16 : 8, light == 4 ? 64 : 8});
     for (int T : {1, 2, 3, 8, 9, 17, 40, 64}) {
       run_case(small_shape(), T, Route::kRandom, 1.f, false, seed++, true);
       run_case(small_shape(), T, Route::kLoads01All, 1.f, T % 2 == 1, seed++, true);
@@ -296,6 +298,7 @@ TEST(CudaMoeDecode, SplitByExpertLoad) {
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 65}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 16, 0}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 64, 8, 65}), dsv4::Error);
+  EXPECT_THROW(cudalin::set_moe_split({true, 2, 64, 8, 16, 7}), dsv4::Error);
 }
 
 TEST(CudaMoeDecode, Version1) {

@@ -606,9 +606,10 @@ void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
     if (g_moe_split.on && T >= 2 && T <= g_moe_split.max_tokens) {
       if (T <= 8) return run_split<MW, 1>(a, max_active, g_moe_split.light_tokens, true, stream);
       const int wide = g_moe_split.wide_light_tokens;
-      if (T <= 16) return run_split<MW, 2>(a, max_active, wide, false, stream);
-      if (T <= 32) return run_split<MW, 4>(a, max_active, wide, false, stream);
-      return run_split<MW, 8>(a, max_active, g_moe_split.wider_light_tokens, false, stream);
+      const bool lean = T <= g_moe_split.lean_light_tokens;
+      if (T <= 16) return run_split<MW, 2>(a, max_active, wide, lean, stream);
+      if (T <= 32) return run_split<MW, 4>(a, max_active, wide, lean, stream);
+      return run_split<MW, 8>(a, max_active, g_moe_split.wider_light_tokens, lean, stream);
     }
   }
   if (T <= 8 || g_moe_max_nt == 1) Moe2<1, H16, MW>::run(a, max_active, stream);
@@ -657,6 +658,8 @@ void set_moe_split(const MoeSplit& split) {
   if (split.wider_light_tokens < 1 || split.wider_light_tokens > 64)
     throw Error(str_cat("cuda moe_decode: split at ", split.wider_light_tokens,
                         " pairs per light expert at 33..64 tokens (1..64)"));
+  if (split.lean_light_tokens < 8 || split.lean_light_tokens > 64)
+    throw Error(str_cat("cuda moe_decode: lean light kernels up to ", split.lean_light_tokens, " tokens (8..64)"));
   g_moe_split = split;
 }
 void set_moe_block_warps(int warps) {
