@@ -197,7 +197,7 @@ bool same_float(float a, float b) {
 }
 
 struct Stats {
-  int cases = 0, rows = 0, redrawn = 0, cpu_rows = 0, warp_rows = 0;
+  int cases = 0, rows = 0, redrawn = 0, cpu_rows = 0, warp_rows = 0, cand_rows = 0;
   double worst_ulp = 0.0;  // largest |gpu - ref| / (kUlp |ref|) seen
 };
 
@@ -321,6 +321,26 @@ void run_case(int E, int K, int T, int f, bool norm, bool hash, int bias_mode, u
     }
     st.warp_rows += T;
   }
+  // The rank kernel's two-pass picks (glue::set_route_candidates) on the same inputs: bit for bit the same.
+  if (E <= 1024) {
+    ck(cudaMemcpy(di.p, pidx.data(), sizeof(int32_t) * pidx.size(), cudaMemcpyHostToDevice), "poison idx");
+    ck(cudaMemcpy(dw.p, pw.data(), sizeof(float) * pw.size(), cudaMemcpyHostToDevice), "poison weights");
+    glue::set_route_candidates(true);
+    glue::route(dl.as<float>(), T, E, K, f, hash ? nullptr : db.as<float>(), hash ? dh.as<int32_t>() : nullptr,
+                dt.as<int32_t>(), norm, scaling, di.as<int32_t>(), dw.as<float>(), nullptr);
+    glue::set_route_candidates(false);
+    ck(cudaDeviceSynchronize(), "glue::route (candidates)");
+    std::vector<int32_t> ci(gi.size());
+    std::vector<float> cw(gi.size());
+    ck(cudaMemcpy(ci.data(), di.p, sizeof(int32_t) * ci.size(), cudaMemcpyDeviceToHost), "idx download");
+    ck(cudaMemcpy(cw.data(), dw.p, sizeof(float) * cw.size(), cudaMemcpyDeviceToHost), "weights download");
+    for (size_t i = 0; i < gi.size(); ++i) {
+      ASSERT_EQ(ci[i], gi[i]) << "candidates vs full rank, row " << i / K << " slot " << i % K;
+      ASSERT_EQ(0, std::memcmp(&cw[i], &gw[i], sizeof(float)))
+          << "candidates vs full rank, row " << i / K << " slot " << i % K << ": " << cw[i] << " vs " << gw[i];
+    }
+    st.cand_rows += T;
+  }
 
   for (int t = 0; t < T; ++t) {
     const RefRow& r = ref[t];
@@ -347,7 +367,7 @@ TEST(GlueRoute, MatchesCpuRouter) {
   DSV4_REQUIRE_GPU();
   Stats st;
   uint64_t salt = 0;
-  for (int E : {8, 16, 256, 384})
+  for (int E : {8, 16, 33, 256, 384, 1024})  // 33: a group of one (set_route_candidates); 1024: the rank kernel's last
     for (int K : {1, 6, 8})
       for (int T : {1, 7, 64})
         for (int f = 0; f < 3; ++f)
@@ -358,8 +378,8 @@ TEST(GlueRoute, MatchesCpuRouter) {
               if (HasFatalFailure()) return;
             }
   std::printf("glue::route: %d cases, %d rows (%d also through cpu::moe_route, %d bitwise against the warp "
-              "kernel), %d ill-conditioned rows redrawn, worst weight error %.2f ulp\n", st.cases, st.rows,
-              st.cpu_rows, st.warp_rows, st.redrawn, st.worst_ulp);
+              "kernel, %d against the two-pass rank), %d ill-conditioned rows redrawn, worst weight error %.2f ulp\n",
+              st.cases, st.rows, st.cpu_rows, st.warp_rows, st.cand_rows, st.redrawn, st.worst_ulp);
 }
 
 // The largest accepted expert count (one warp's scores and keys fill 48 KiB of shared memory), and the error

@@ -96,6 +96,9 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
 // Tests: route with the warp-per-token kernel (E <= 256) instead of the block rank kernel; both pick and weigh
 // identically (same scores, same total order, same summation order), which the router test checks bitwise.
 void set_route_warp_kernel(bool on);
+// Experiment (off by default): the rank kernel's picks in two shorter passes, within groups of 32 experts and
+// then among the groups' best (moe_glue.cu, rank_by_candidates); the same picks and weights, bit for bit.
+void set_route_candidates(bool on);
 
 // SwiGLU with the clamp (cpu::swiglu_expert, weight 1): h = silu(min(g, L)) * clamp(u, -L, L); limit 0: none.
 void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cudaStream_t stream);
