@@ -58,8 +58,11 @@ fi
 # MOE_NT_AB="1 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N; default 2).
 for nt in ${MOE_NT_AB:-}; do abb "moe-nt$nt" "with --moe-max-nt $nt" 16,64 --moe-max-nt "$nt"; done
 # MOE_SPLIT_AB="off 2:64:8:16:64": decode at batch 4, 16 and 64 with the MoE kernels chosen per expert load
-# otherwise (--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]; default 2:64:8:16:8).
-for l in ${MOE_SPLIT_AB:-}; do abb "moe-split$l" "with --moe-split $l" 4,16,64 --moe-split "$l"; done
+# otherwise (--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]; default 2:64:8:16:8); MOE_SPLIT_BATCHES to
+# choose the batches.
+for l in ${MOE_SPLIT_AB:-}; do
+  abb "moe-split$l" "with --moe-split $l" "${MOE_SPLIT_BATCHES:-4,16,64}" --moe-split "$l"
+done
 # MOE_LEAN4_AB=1: decode at batch 2 and 4 with the lean MoE kernels up to 4 tokens (default: 1; the split's
 # light experts take them up to 8 tokens).
 [ -n "${MOE_LEAN4_AB:-}" ] && abb moe-lean4 "with --moe-lean all:4" 2,4 --moe-lean all:4
