@@ -184,6 +184,8 @@ MoeLean moe_lean();
 // 72.97 -> 72.39 ms (light 16 above 8 tokens).
 // lean_light_tokens (experiment, 8 = off; 8..64): the light launches take the lean kernels (set_moe_lean's
 // kernel flags; w1/w3 only while the launch has <= 128 pairs) up to this many tokens, not only up to 8.
+// Run 32 (H200) passed SplitByExpertLoad's random and 0/1/all-load cases with it at T = 1..64 before the
+// call's time ran out; the rest of that configuration and the timing (MOE_SPLIT_AB="2:64:8:16:64") wait.
 struct MoeSplit {
   bool on = true;
   int light_tokens = 2;
