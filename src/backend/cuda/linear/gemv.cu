@@ -267,7 +267,8 @@ struct Gemv2 {
     if constexpr (!FP4) {
       if (a.hn.head_rows) {
         // The epilogue's own instantiation needs its > 48 KB opt-in too (blocks_per_sm sets it), once.
-        static const int hn_blocks = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW, true>, MW * 32, gemv2_smem<FP4, MW>());
+        static const int hn_blocks =
+            blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW, true>, MW * 32, gemv2_smem<FP4, MW>());
         (void)hn_blocks;
         launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW, true>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb,
                            ks_total);

@@ -58,9 +58,10 @@ struct Out16 {
 // Optional epilogue of gemv (an experiment: exact, but slower in the engine, GpuOptions::q_norm_in_gemv): an
 // RMSNorm per head of y, and RoPE, as glue::heads_norm_rope(norm, not inverse) or glue::rmsnorm_rows apply
 // them, done by the last block to finish each head (an arrival counter per head, as the split-K reduction
-// does per tile) instead of a launch of its own. Head h < groups of token t is y[t, h * head_rows .. (h + 1) * head_rows): o = weight[i] * (y * r) (or
-// y * r unweighted), r = 1 / sqrt(mean(y^2) + eps), then its last 2 * n_freq rows rotated in pairs by pos[t] *
-// inv_freq[i]; o goes back into y, or to out (and its 16-bit copy to out16). The same float arithmetic
+// does per tile) instead of a launch of its own. Head h < groups of token t is
+// y[t, h * head_rows .. (h + 1) * head_rows): o = weight[i] * (y * r) (or y * r unweighted),
+// r = 1 / sqrt(mean(y^2) + eps), then its last 2 * n_freq rows rotated in pairs by pos[t] * inv_freq[i]; o goes
+// back into y, or to out (and its 16-bit copy to out16). The same float arithmetic
 // (backend/cuda/rope.cuh, act16_bits_rn); the sum of squares in double in another order, so bit for bit unless
 // mean(y^2) lies within ~2^-50 of a float rounding boundary. FP8 weights, no Out16 copy of y, head_rows a
 // multiple of 128, groups * head_rows <= w.rows, 2 * n_freq <= head_rows. Rows past the groups stay as the
