@@ -290,55 +290,45 @@ void run_case(int E, int K, int T, int f, bool norm, bool hash, int bias_mode, u
   ck(cudaMemcpy(dt.p, tokens.data(), sizeof(int32_t) * T, cudaMemcpyHostToDevice), "tokens upload");
   const std::vector<int32_t> pidx(static_cast<size_t>(T) * K, -7);
   const std::vector<float> pw(static_cast<size_t>(T) * K, kNaN);
-  ck(cudaMemcpy(di.p, pidx.data(), sizeof(int32_t) * pidx.size(), cudaMemcpyHostToDevice), "poison idx");
-  ck(cudaMemcpy(dw.p, pw.data(), sizeof(float) * pw.size(), cudaMemcpyHostToDevice), "poison weights");
-  glue::route(dl.as<float>(), T, E, K, f, hash ? nullptr : db.as<float>(), hash ? dh.as<int32_t>() : nullptr,
-              dt.as<int32_t>(), norm, scaling, di.as<int32_t>(), dw.as<float>(), nullptr);
-  ck(cudaDeviceSynchronize(), "glue::route");
-  std::vector<int32_t> gi(static_cast<size_t>(T) * K);
-  std::vector<float> gw(gi.size());
-  ck(cudaMemcpy(gi.data(), di.p, sizeof(int32_t) * gi.size(), cudaMemcpyDeviceToHost), "idx download");
-  ck(cudaMemcpy(gw.data(), dw.p, sizeof(float) * gw.size(), cudaMemcpyDeviceToHost), "weights download");
-
-  // The warp-per-token kernel (glue::set_route_warp_kernel) on the same inputs: bit for bit the same picks and
-  // weights as the rank kernel (the production one up to 1024 experts).
-  if (E <= 256) {
+  // One glue::route call on poisoned outputs: its picks and weights.
+  auto run_route = [&](const char* what, std::vector<int32_t>& ri, std::vector<float>& rw) {
     ck(cudaMemcpy(di.p, pidx.data(), sizeof(int32_t) * pidx.size(), cudaMemcpyHostToDevice), "poison idx");
     ck(cudaMemcpy(dw.p, pw.data(), sizeof(float) * pw.size(), cudaMemcpyHostToDevice), "poison weights");
-    glue::set_route_warp_kernel(true);
     glue::route(dl.as<float>(), T, E, K, f, hash ? nullptr : db.as<float>(), hash ? dh.as<int32_t>() : nullptr,
                 dt.as<int32_t>(), norm, scaling, di.as<int32_t>(), dw.as<float>(), nullptr);
-    glue::set_route_warp_kernel(false);
-    ck(cudaDeviceSynchronize(), "glue::route (warp kernel)");
-    std::vector<int32_t> wi(gi.size());
-    std::vector<float> ww(gi.size());
-    ck(cudaMemcpy(wi.data(), di.p, sizeof(int32_t) * wi.size(), cudaMemcpyDeviceToHost), "idx download");
-    ck(cudaMemcpy(ww.data(), dw.p, sizeof(float) * ww.size(), cudaMemcpyDeviceToHost), "weights download");
+    ck(cudaDeviceSynchronize(), what);
+    ri.resize(pidx.size());
+    rw.resize(pidx.size());
+    ck(cudaMemcpy(ri.data(), di.p, sizeof(int32_t) * ri.size(), cudaMemcpyDeviceToHost), "idx download");
+    ck(cudaMemcpy(rw.data(), dw.p, sizeof(float) * rw.size(), cudaMemcpyDeviceToHost), "weights download");
+  };
+  std::vector<int32_t> gi;
+  std::vector<float> gw;
+  run_route("glue::route", gi, gw);
+
+  // Variants that must pick and weigh bit for bit like the rank kernel (the production one up to 1024
+  // experts): the warp-per-token kernel (glue::set_route_warp_kernel, E <= 256) and the rank kernel's two-pass
+  // picks (glue::set_route_candidates).
+  auto same_as_rank = [&](void (*set)(bool), const char* what) {
+    std::vector<int32_t> vi;
+    std::vector<float> vw;
+    set(true);
+    run_route(what, vi, vw);
+    set(false);
     for (size_t i = 0; i < gi.size(); ++i) {
-      ASSERT_EQ(wi[i], gi[i]) << "warp vs rank kernel, row " << i / K << " slot " << i % K;
-      ASSERT_EQ(0, std::memcmp(&ww[i], &gw[i], sizeof(float))) << "warp vs rank kernel, row " << i / K << " slot "
-                                                                << i % K << ": " << ww[i] << " vs " << gw[i];
+      ASSERT_EQ(vi[i], gi[i]) << what << ", row " << i / K << " slot " << i % K;
+      ASSERT_EQ(0, std::memcmp(&vw[i], &gw[i], sizeof(float)))
+          << what << ", row " << i / K << " slot " << i % K << ": " << vw[i] << " vs " << gw[i];
     }
+  };
+  if (E <= 256) {
+    same_as_rank(glue::set_route_warp_kernel, "warp kernel vs rank kernel");
+    if (::testing::Test::HasFatalFailure()) return;
     st.warp_rows += T;
   }
-  // The rank kernel's two-pass picks (glue::set_route_candidates) on the same inputs: bit for bit the same.
   if (E <= 1024) {
-    ck(cudaMemcpy(di.p, pidx.data(), sizeof(int32_t) * pidx.size(), cudaMemcpyHostToDevice), "poison idx");
-    ck(cudaMemcpy(dw.p, pw.data(), sizeof(float) * pw.size(), cudaMemcpyHostToDevice), "poison weights");
-    glue::set_route_candidates(true);
-    glue::route(dl.as<float>(), T, E, K, f, hash ? nullptr : db.as<float>(), hash ? dh.as<int32_t>() : nullptr,
-                dt.as<int32_t>(), norm, scaling, di.as<int32_t>(), dw.as<float>(), nullptr);
-    glue::set_route_candidates(false);
-    ck(cudaDeviceSynchronize(), "glue::route (candidates)");
-    std::vector<int32_t> ci(gi.size());
-    std::vector<float> cw(gi.size());
-    ck(cudaMemcpy(ci.data(), di.p, sizeof(int32_t) * ci.size(), cudaMemcpyDeviceToHost), "idx download");
-    ck(cudaMemcpy(cw.data(), dw.p, sizeof(float) * cw.size(), cudaMemcpyDeviceToHost), "weights download");
-    for (size_t i = 0; i < gi.size(); ++i) {
-      ASSERT_EQ(ci[i], gi[i]) << "candidates vs full rank, row " << i / K << " slot " << i % K;
-      ASSERT_EQ(0, std::memcmp(&cw[i], &gw[i], sizeof(float)))
-          << "candidates vs full rank, row " << i / K << " slot " << i % K << ": " << cw[i] << " vs " << gw[i];
-    }
+    same_as_rank(glue::set_route_candidates, "two-pass vs full rank");
+    if (::testing::Test::HasFatalFailure()) return;
     st.cand_rows += T;
   }
 
