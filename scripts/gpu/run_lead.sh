@@ -8,7 +8,19 @@ mkdir -p "$R"
 R=$(cd "$R" && pwd)
 export OUT=/tmp/lead-logs
 rm -rf "$OUT" && mkdir -p "$OUT"
-trap 'tar -czf "$R/logs.tgz" -C "$OUT" .' EXIT
+# The summary and the tarball on every exit: also when a `timeout` around this script sends SIGTERM (bash
+# then runs the EXIT trap), so a call cut short still shows what finished. (SIGKILL, e.g. the device budget
+# running out, skips both.)
+summary() {
+  tr '\r' '\n' < "$OUT/bench-flash.err" 2>/dev/null | grep -v "loading weights" | tail -30
+  grep -E "^\[ +(OK|FAILED|PASSED)|rc=|Failure|rror" "$OUT/engine.txt" 2>/dev/null
+  cat "$OUT/kernels.txt" 2>/dev/null
+  grep -v -E "^  L[0-9]+\.|^  layer ([2-9]|[1-9][0-9])" "$OUT/flash.txt" 2>/dev/null
+  cat "$OUT/decode_ab.txt" 2>/dev/null
+  grep -E "^\|" "$OUT/linbench.txt" 2>/dev/null; tail -2 "$OUT/linbench.txt" 2>/dev/null
+  true  # optional files may be missing; failures show in the logs
+}
+trap 'summary; tar -czf "$R/logs.tgz" -C "$OUT" .' EXIT
 export JOBS=${JOBS:-16}
 # SKIP_ENGINE=1: no engine tests (a benchmark-only call); KTESTS=none: no kernel tests.
 if [ -z "${SKIP_ENGINE:-}" ]; then
@@ -39,10 +51,4 @@ if [ -n "${LINBENCH:-}" ]; then
 fi
 # DECODE_AB="--repeat-layers 21": batch-1 decode without PDL and the per-kernel ncu durations.
 [ -n "${DECODE_AB:-}" ] && BENCH_BUILD=build-gpu timeout ${DECODE_AB_TIMEOUT:-300} bash scripts/gpu/decode_ab.sh $DECODE_AB > "$OUT/decode_ab.txt" 2>&1
-tr '\r' '\n' < "$OUT/bench-flash.err" 2>/dev/null | grep -v "loading weights" | tail -30
-grep -E "^\[ +(OK|FAILED|PASSED)|rc=|Failure|rror" "$OUT/engine.txt"
-cat "$OUT/kernels.txt"
-grep -v -E "^  L[0-9]+\.|^  layer ([2-9]|[1-9][0-9])" "$OUT/flash.txt"
-cat "$OUT/decode_ab.txt" 2>/dev/null
-grep -E "^\|" "$OUT/linbench.txt" 2>/dev/null; tail -2 "$OUT/linbench.txt" 2>/dev/null
-true  # the summary greps above may miss optional files; failures show in the logs
+true  # the exit status: the summary (EXIT trap) prints whatever finished
