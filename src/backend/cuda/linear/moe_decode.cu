@@ -315,6 +315,14 @@ template <int NMAT, int MW, bool LEAN>
 constexpr int moe2_ring_smem() {
   return moe2_smem<NMAT, MW>() * (LEAN && NMAT == 2 ? kLeanW13Stages : kMoeStages) / kMoeStages;
 }
+// Which lean kernels a launch of P pairs takes when `lean` allows them: set_moe_lean's kernel flags, and lean
+// w1/w3 only while its pair list holds every pair (kLeanPairs).
+struct LeanKernels {
+  bool w13, w2;
+};
+LeanKernels lean_kernels(bool lean, int P) {
+  return {lean && g_moe_lean.w13 && P <= kLeanPairs, lean && g_moe_lean.w2};
+}
 
 struct Moe2Args {
   const DevExpert* ex;
@@ -538,15 +546,15 @@ struct Moe2 {
     a.ksb = ksb > 0 ? ksb : pick(a.hidden / 16, a.inter / 128, occ2<LEAN, CLASS>(), y);
     const int tpb = MW / a.ksb, tiles = a.hidden / 16;
     launch_pdl_threads(w2_v2_kernel<NT, H16, MW, LEAN, CLASS>, dim3((tiles + tpb - 1) / tpb, y), MW * 32,
-                       moe2_smem<1, MW>(), s, a);
+                       moe2_ring_smem<1, MW, LEAN>(), s, a);
     return a.ksb;
   }
   static void run(const Moe2Args& a, int max_active, cudaStream_t s) {
     if constexpr (NT == 1) {  // the lean kernels exist for one n-tile only
-      const bool lean = a.T <= g_moe_lean.max_tokens;
-      if (lean && g_moe_lean.w13 && a.P <= kLeanPairs) w13<true>(a, max_active, s);
+      const LeanKernels lean = lean_kernels(a.T <= g_moe_lean.max_tokens, a.P);
+      if (lean.w13) w13<true>(a, max_active, s);
       else w13<false>(a, max_active, s);
-      if (lean && g_moe_lean.w2) w2<true>(a, max_active, 0, s);
+      if (lean.w2) w2<true>(a, max_active, 0, s);
       else w2<false>(a, max_active, 0, s);
     } else {
       w13<false>(a, max_active, s);
@@ -570,11 +578,11 @@ void run_split(const Moe2Args& a, int max_active, int light_max, bool lean, cuda
   // With T <= light_max the router's experts (distinct per token) are all light: the light kernels take every
   // expert (a test's expert listed twice per token included) and the heavy launches are left out.
   if (a.T <= light_max) light.ntok_hi = kMaxPairs, heavy_y = 0;
-  const bool lean13 = lean && g_moe_lean.w13 && a.P <= kLeanPairs, lean2 = lean && g_moe_lean.w2;
-  if (lean13) L::template w13<true, kLight>(light, max_active, s);
+  const LeanKernels lk = lean_kernels(lean, a.P);
+  if (lk.w13) L::template w13<true, kLight>(light, max_active, s);
   else L::template w13<false, kLight>(light, max_active, s);
   if (heavy_y > 0) H::template w13<false, kHeavy>(heavy, heavy_y, s);
-  const int ksb = lean2 ? L::template w2<true, kLight>(light, max_active, 0, s)
+  const int ksb = lk.w2 ? L::template w2<true, kLight>(light, max_active, 0, s)
                         : L::template w2<false, kLight>(light, max_active, 0, s);
   if (heavy_y > 0) H::template w2<false, kHeavy>(heavy, heavy_y, ksb, s);
 }
