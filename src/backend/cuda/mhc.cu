@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/kernels_compressor_mhc.h"
 #include "core/error.h"
 
@@ -390,12 +391,7 @@ __global__ void __launch_bounds__(kFinThreads, 1) hc_one_token_kernel(HcArgs a, 
   prefetch_fn_l2<M>(a, blockIdx.x, cpw, threadIdx.x, kFinThreads);
   pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
   if (threadIdx.x < 32) mix_token<M>(a, blockIdx.x, cpw, 0);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1) == ks_count - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!ptx::last_block_to_arrive(a.counter, ks_count, last)) return;
   finish_token<M, true>(a, ks_count, 0, sh);
   if (threadIdx.x == 0) *a.counter = 0;  // ready for the next launch
 }

@@ -60,12 +60,7 @@ __device__ __forceinline__ const uint16_t* tile_x(const GemvArgs& a, int64_t til
 // counter) adds the gy partial sums in block order, so the result does not depend on which block finishes
 // last, and re-arms the counter for the next launch. `last` is the caller's __shared__ flag.
 __device__ __forceinline__ void finish_split_k(const GemvArgs& a, int64_t row0, int& last) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1) == a.gy - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!cuda::ptx::last_block_to_arrive(&a.counters[blockIdx.x], a.gy, last)) return;
   for (int i = threadIdx.x; i < 16 * a.T; i += blockDim.x) {
     const int r = i & 15, tok = i >> 4;
     float v = 0.f;
@@ -89,12 +84,7 @@ __device__ void head_norm_rope(const GemvArgs& a, int64_t r0, int64_t n) {
   const HeadNormRope& hn = a.hn;
   const int64_t h = r0 / hn.head_rows;
   if (h >= (hn.groups ? hn.groups : a.N / hn.head_rows)) return;  // rows past the groups (block-uniform)
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&hn.counters[h], 1) == static_cast<int>(hn.head_rows / n) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!cuda::ptx::last_block_to_arrive(&hn.counters[h], static_cast<int>(hn.head_rows / n), last)) return;
   const int rows = static_cast<int>(hn.head_rows), nope = rows - 2 * hn.n_freq;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t ld_o = hn.out ? hn.ld_out : a.ldy;
