@@ -58,7 +58,7 @@ fi
 # MOE_NT_AB="1 4": decode at batch 16 and 64 with the MoE decode's n-tiles capped (--moe-max-nt N; default 2).
 for nt in ${MOE_NT_AB:-}; do abb "moe-nt$nt" "with --moe-max-nt $nt" 16,64 --moe-max-nt "$nt"; done
 # MOE_SPLIT_AB="off 2:64:8:16:64": decode at batch 4, 16 and 64 with the MoE kernels chosen per expert load
-# otherwise (--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]; default 2:64:8:16:8); MOE_SPLIT_BATCHES to
+# otherwise (--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]; default 2:64:8:16:64); MOE_SPLIT_BATCHES to
 # choose the batches.
 for l in ${MOE_SPLIT_AB:-}; do
   abb "moe-split$l" "with --moe-split $l" "${MOE_SPLIT_BATCHES:-4,16,64}" --moe-split "$l"

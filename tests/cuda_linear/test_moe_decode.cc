@@ -266,8 +266,9 @@ TEST(CudaMoeDecode, WaveDivisor) {
 TEST(CudaMoeDecode, SplitByExpertLoad) {
   DSV4_REQUIRE_GPU();
   int seed = 1200;
-  // 2: the default (light 2 / 8 / 16 pairs); 3: light 2, then 24 / 24 pairs; 4: the default with the lean
-  // light kernels up to 64 tokens (MoeSplit::lean_light_tokens; lean w1/w3 up to 128 pairs, so T <= 21).
+  // 2: light 2 / 8 / 16 pairs, lean light kernels up to 8 tokens only; 3: light 2, then 24 / 24 pairs; 4: the
+  // default, lean light kernels up to 64 tokens (MoeSplit::lean_light_tokens; lean w1/w3 up to 128 pairs, so
+  // T <= 21).
   for (int light : {0, 1, 2, 3, 4}) {
     SCOPED_TRACE(light ? "split configuration " + std::to_string(light) : std::string("no split"));
     cudalin::set_moe_split({light > 0, std::min(std::max(light, 1), 2), 64, light == 3 ? 24 : 8,

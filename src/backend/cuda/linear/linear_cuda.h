@@ -183,17 +183,17 @@ MoeLean moe_lean();
 // but at T = 16 on 6 experts a light bound of 16 or 24 pairs loses (150 -> 187 us), so 8 there. Steps
 // (run 26, against --moe-split off): batch 4 14.09 -> 13.94 ms, batch 16 30.08 -> 29.60 ms; run 29, batch 64
 // 72.97 -> 72.39 ms (light 16 above 8 tokens).
-// lean_light_tokens (experiment, 8 = off; 8..64): the light launches take the lean kernels (set_moe_lean's
-// kernel flags; w1/w3 only while the launch has <= 128 pairs) up to this many tokens, not only up to 8.
-// Run 32 (H200) passed SplitByExpertLoad's random and 0/1/all-load cases with it at T = 1..64 before the
-// call's time ran out; the rest of that configuration and the timing (MOE_SPLIT_AB="2:64:8:16:64") wait.
+// lean_light_tokens (8..64; 8 = only up to 8 tokens): the light launches take the lean kernels (set_moe_lean's
+// kernel flags; w1/w3 only while the launch has <= 128 pairs) up to this many tokens. Default 64: H200 run 33,
+// steps against 8 in the same run, batch 16 29.86 -> 28.92 ms, batch 32 46.09 -> 44.69, batch 64 72.15 ->
+// 70.16 (SplitByExpertLoad tests both).
 struct MoeSplit {
   bool on = true;
   int light_tokens = 2;
   int max_tokens = 64;
   int wide_light_tokens = 8;
   int wider_light_tokens = 16;
-  int lean_light_tokens = 8;
+  int lean_light_tokens = 64;
 };
 void set_moe_split(const MoeSplit& split);
 
