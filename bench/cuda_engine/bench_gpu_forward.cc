@@ -21,7 +21,7 @@
 // --gemv-warps N: warps per block of the decode GEMV (cudalin::set_gemv_block_warps; default 8).
 // --moe-split SPEC: the MoE decode kernels chosen per expert by its load (cudalin::set_moe_split; light
 //   experts: <= LIGHT pairs up to 8 tokens, <= WIDE at 9-32, <= WIDER at 33-64; the light launches lean up to
-//   LEAN tokens) for launches of 2 .. TOKENS tokens (default 2:64:8:16:8), or off.
+//   LEAN tokens) for launches of 2 .. TOKENS tokens (default 2:64:8:16:64), or off.
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
 // --q-norm-in-gemv: GpuOptions::q_norm_in_gemv (q's heads norm / RoPE as the wq_b GEMV's epilogue).
 // --q-lora-norm-in-gemv: GpuOptions::q_lora_norm_in_gemv (q_norm as the stacked wq_a | wkv GEMV's epilogue).
@@ -208,6 +208,8 @@ int main(int argc, char** argv) {
     o.kv_row_on_side = kv_side;
     o.q_norm_in_gemv = q_hn;
     o.q_lora_norm_in_gemv = qr_hn;
+    size_t free_before = 0, total_mem = 0;
+    cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();
     auto m = gpu::GpuModel::load(model, o);
     std::printf("loaded in %.1f s: weights %.2f GB, state %.2f GB\n", now_s() - t_load, m->weight_bytes() / 1e9,
@@ -279,6 +281,17 @@ int main(int argc, char** argv) {
                   prefill_chunk > 1 ? ("chunks of " + std::to_string(prefill_chunk)).c_str()
                                     : "token by token with graphs", L, sec, prefill / sec);
       std::fflush(stdout);
+    }
+    {  // the memory plan against what the engine took (docs/GPU_ENGINE.md; test_gpu_memory_plan asserts it)
+      size_t free_after = 0;
+      cudaDeviceSynchronize();
+      cudaMemGetInfo(&free_after, &total_mem);
+      const MemoryPlan& mp = m->memory_plan();
+      std::printf("memory: the engine took %.2f GB of the device after these steps; the plan said %.2f GB (weights %.2f, "
+                  "KV %.2f, workspace %.2f for steps of %lld tokens)\n", (free_before - free_after) / 1e9,
+                  mp.total(o.max_model_len, o.max_seqs) / 1e9, mp.device_weights / 1e9,
+                  mp.kv(o.max_model_len, o.max_seqs) / 1e9, mp.workspace_at(o.max_model_len) / 1e9,
+                  static_cast<long long>(mp.step.step_tokens));
     }
     m.reset();
 

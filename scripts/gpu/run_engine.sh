@@ -15,7 +15,7 @@ source scripts/gpu/deps_prefix.sh
 
 rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machine
 { cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views test_gpu_sample test_glue_linear test_glue_route test_gpu_golden; } \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views test_gpu_sample test_glue_linear test_glue_route test_gpu_golden test_gpu_memory_plan; } \
   > "$FINAL/build.log" 2>&1 || { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$FINAL/gpu.txt" 2>&1
 
@@ -42,5 +42,6 @@ run_test test_gpu_golden "GPU vs transformers golden fixture" "kernel_width|Fail
 run_test test_glue_linear "glue linear" "rows|Failure|^\[  " 14
 run_test test_glue_route "glue router vs CPU" "cases|rows|Failure|Expected|Which is|^\[  " 14
 run_test test_gpu_sample "GPU sampler" "checked|chi|Failure|Expected|Which is|exception|^\[  " 30
+run_test test_gpu_memory_plan "memory plan vs device" "the device gave|Failure|Expected|Which is|exception|^\[  " 20
 echo "rc=$status"
 exit $status

@@ -5,15 +5,18 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/runner.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 
 namespace dsv4::cli {
 
 int cmd_inspect(int argc, char** argv) {
-  Args a(argc, argv, 2, {"model", "context", "kv-cache-dtype", "sequences", "device-memory-gib"}, {"help", "tensors"});
+  Args a(argc, argv, 2, {"model", "context", "kv-cache-dtype", "sequences", "device-memory-gib", "chunk"}, {"help", "tensors"});
   if (a.has("help")) {
     std::printf("dsv4 inspect [--model DIR] [--tensors] [--context 1048576] [--sequences 1] [--kv-cache-dtype bf16|fp8|f32]\n"
+                "             [--chunk 512 (cuda prefill chunk: the workspace is sized for steps of sequences + chunk\n"
+                "              tokens, as dsv4 run --device cuda takes them)]\n"
                 "             [--device-memory-gib 141 (check the plan against a device of this size)]\n");
     return 0;
   }
@@ -22,6 +25,10 @@ int cmd_inspect(int argc, char** argv) {
   const long long context = a.get_int("context", 0);
   const long long sequences = a.get_int("sequences", 1);
   if (context < 0 || sequences < 1) fail("--context must be >= 0 and --sequences >= 1");
+  const long long chunk_arg = a.get_int("chunk", 0);
+  if (chunk_arg < 0 || chunk_arg > (1 << 30)) fail("--chunk must be in 0 .. 2^30");
+  if (sequences > (1 << 20)) fail("--sequences must be at most 2^20");
+  const int chunk = chunk_arg == 0 ? kDefaultCudaPrefillChunk : static_cast<int>(chunk_arg);
   auto model = Model::load(resolve_model_dir(a.get("model")), opt);
   const ModelConfig& c = model->config();
   const Checkpoint& ck = model->checkpoint();
@@ -43,18 +50,21 @@ int cmd_inspect(int argc, char** argv) {
   std::printf("  rope theta %g (window) / %g (compressed, YaRN %s factor %g)\n", c.rope_theta, c.compress_rope_theta,
               c.yarn.enabled ? "on" : "off", c.yarn.factor);
 
-  const MemoryPlan plan = plan_memory(*model);
+  const MemoryPlan plan =
+      plan_memory(*model, gpu_step_capacity(static_cast<int>(sequences), chunk, c.sliding_window));
   std::printf("\nbytes per component (as stored):\n");
   for (const auto& [comp, b] : plan.weights_by_component)
     std::printf("  %-16s %14zu  %s\n", comp.c_str(), b, human_bytes(b).c_str());
   std::printf("  %-16s %14zu  %s\n", "total", plan.weights, human_bytes(plan.weights).c_str());
   std::printf("\nKV cache (%s): %.1f bytes per token of context; %s fixed per sequence (window rings, compressor rows)\n",
               kv_dtype_name(opt.kv_dtype), plan.kv_bytes_per_token, human_bytes(plan.kv_fixed_per_sequence).c_str());
+  std::printf("workspace for steps of %lld tokens (%lld sequences + a prefill chunk of %d): %s + %.2f bytes per token "
+              "of context\n", static_cast<long long>(plan.step.step_tokens), sequences, chunk,
+              human_bytes(plan.workspace).c_str(), plan.workspace_per_context);
   if (context > 0)
-    std::printf("memory for %lld sequence(s) x %lld tokens: weights %s + KV %s + workspace %s = %s\n", sequences,
-                context, human_bytes(plan.weights).c_str(),
-                human_bytes(plan.kv_bytes_per_token * context * sequences + double(plan.kv_fixed_per_sequence) * sequences).c_str(),
-                human_bytes(plan.workspace).c_str(), human_bytes(plan.total(context, sequences)).c_str());
+    std::printf("memory for %lld sequence(s) x %lld tokens: weights on the device %s + KV %s + workspace %s = %s\n",
+                sequences, context, human_bytes(plan.device_weights).c_str(), human_bytes(plan.kv(context, sequences)).c_str(),
+                human_bytes(plan.workspace_at(context)).c_str(), human_bytes(plan.total(context, sequences)).c_str());
   if (a.has("device-memory-gib")) {
     const double gib = a.get_double("device-memory-gib", 0);
     if (gib <= 0) fail("--device-memory-gib must be positive");

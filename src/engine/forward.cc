@@ -81,6 +81,8 @@ double Model::kv_bytes_per_token() const {
   return b;
 }
 
+size_t Model::kv_row_bytes() const { return kv_codec_->row_bytes(); }
+
 size_t Model::kv_fixed_bytes_per_sequence() const {
   auto s = new_sequence();
   return s->fixed_bytes();

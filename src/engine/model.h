@@ -67,6 +67,7 @@ class Model {
   // bytes (window rings, compressor rows), for the chosen KV dtype.
   double kv_bytes_per_token() const;
   size_t kv_fixed_bytes_per_sequence() const;
+  size_t kv_row_bytes() const;  // one window / compressed row of the main KV (head_dim wide)
 
   struct Plan;  // token-level view of a batch (see forward.cc)
 

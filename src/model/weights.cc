@@ -158,4 +158,27 @@ ModelWeights bind_weights(const Checkpoint& ck) {
   return m;
 }
 
+size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers) {
+  size_t n = 0;
+  auto vec = [&](const auto& v) { n += v.size() * sizeof(v[0]); };
+  auto hc = [&](const HcWeights& h) { vec(h.fn), vec(h.base), vec(h.scale); };
+  auto comp = [&](const CompressorWeights& c) { n += c.wkv.bytes() + c.wgate.bytes(), vec(c.ape), vec(c.norm); };
+  n += w.embed.bytes() + w.head.bytes();
+  vec(w.norm);
+  hc(w.hc_head);
+  for (int i = 0; i < num_hidden_layers && i < static_cast<int>(w.layers.size()); ++i) {
+    const LayerWeights& L = w.layers[i];
+    vec(L.attn_norm), vec(L.ffn_norm), vec(L.attn_sink), vec(L.q_norm), vec(L.kv_norm), vec(L.gate_bias);
+    vec(L.tid2eid);
+    hc(L.hc_attn), hc(L.hc_ffn);
+    for (const LinearWeight* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.gate, &L.index_wq_b,
+                                  &L.index_weights_proj, &L.shared.w1, &L.shared.w2, &L.shared.w3})
+      n += l->bytes();
+    if (L.ratio) comp(L.compressor);
+    if (L.kind == AttnKind::kCSA) comp(L.index_compressor);
+    for (const ExpertWeights& e : L.experts) n += e.w1.bytes() + e.w2.bytes() + e.w3.bytes() + kDeviceExpertTableBytes;
+  }
+  return n;
+}
+
 }  // namespace dsv4

@@ -83,4 +83,10 @@ struct ModelWeights {
 
 ModelWeights bind_weights(const Checkpoint& ck);
 
+// Bytes the GPU engine uploads (engine/gpu/device_weights.cc): the main layers' matrices as stored, every
+// small vector as float (the checkpoint's BF16 norms double), the kernels' pointer tables of the routed
+// experts (at most kDeviceExpertTableBytes per expert; device_weights.cc asserts it); no MTP layers.
+constexpr size_t kDeviceExpertTableBytes = 256;
+size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers);
+
 }  // namespace dsv4

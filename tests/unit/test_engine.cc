@@ -239,8 +239,15 @@ namespace {
 
 TEST_F(DefaultModel, MemoryPlanCountsEveryByteAndRefusesWhatDoesNotFit) {
   auto m = Model::load(dir_->str(), EngineOptions{KvDtype::kFP8});
-  MemoryPlan p = plan_memory(*m);
+  const ModelConfig& c = m->config();
+  MemoryPlan p = plan_memory(*m, gpu_step_capacity(2, 1, c.sliding_window));
+  EXPECT_EQ(p.step.step_tokens, 2);
+  EXPECT_EQ(p.step.ring_rows, c.sliding_window);
+  EXPECT_EQ(p.kv_fixed_per_sequence, m->kv_fixed_bytes_per_sequence());
   EXPECT_EQ(p.weights, m->checkpoint().total_bytes());
+  // On the device: no MTP layer, the BF16 norms as float, the expert tables.
+  EXPECT_EQ(p.device_weights, device_weight_bytes(m->weights(), c.num_hidden_layers));
+  EXPECT_GT(p.device_weights, 0u);
   size_t sum = 0;
   for (const auto& [comp, b] : p.weights_by_component) sum += b;
   EXPECT_EQ(sum, p.weights);
@@ -259,7 +266,40 @@ TEST_F(DefaultModel, MemoryPlanCountsEveryByteAndRefusesWhatDoesNotFit) {
   }
   EXPECT_LT(p.max_context(2, need - 1), 100000);
   EXPECT_GE(p.max_context(2, need), 100000 - 1);
-  EXPECT_EQ(p.max_context(1, p.weights / 2), 0);
+  EXPECT_EQ(p.max_context(1, p.device_weights / 2), 0);
+  for (size_t dev : {need - 1, need + 12345, need * 3}) {  // the largest context that fits, exactly
+    const int64_t n = p.max_context(2, dev);
+    EXPECT_LE(p.total(n, 2), dev);
+    EXPECT_GT(p.total(n + 1, 2), dev);
+  }
+
+  // Chunked prefill (GpuModel: steps of max_seqs + chunk tokens, the window ring widened by chunk - 1 rows):
+  // the workspace holds at least the step's logits and the indexer's score rows (context / 4 floats per
+  // token), and the per-sequence state the wider rings.
+  const MemoryPlan q = plan_memory(*m, gpu_step_capacity(2, 8192, c.sliding_window));
+  EXPECT_EQ(q.step.step_tokens, 8194);
+  EXPECT_EQ(q.step.ring_rows, c.sliding_window + 8191);
+  EXPECT_EQ(q.kv_fixed_per_sequence,
+            p.kv_fixed_per_sequence + size_t{8191} * m->kv_row_bytes() * static_cast<size_t>(c.num_layers_total()));
+  EXPECT_GE(q.workspace - p.workspace, size_t{8192} * static_cast<size_t>(c.vocab_size) * 4);
+  EXPECT_GE(q.workspace_per_context, 8194.0);
+  EXPECT_EQ(q.workspace_at(1 << 20) - q.workspace, static_cast<size_t>(std::ceil(q.workspace_per_context * (1 << 20))));
+  const size_t qneed = q.total(1 << 20, 2);
+  EXPECT_GE(qneed - p.total(1 << 20, 2), size_t{8192} << 20);  // score rows: 8192 tokens x 1 MiB
+  try {
+    check_fits(q, 1 << 20, 2, qneed - 1, "test device");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("for steps of 8194 tokens"), std::string::npos) << w;
+    EXPECT_NE(w.find("a smaller prefill chunk shrinks the workspace"), std::string::npos) << w;
+  }
+  try {  // the weights fit, the workspace does not
+    check_fits(q, 1 << 20, 2, q.device_weights + q.workspace / 2, "test device");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("leave no room for context"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -200,6 +200,8 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
       ex.push_back({w1.g.w, w1.g.scale, w3.g.w, w3.g.scale, w2.g.w, w2.g.scale});
       ex_exact.push_back({w1.g, w2.g, w3.g});
     }
+    static_assert(sizeof(cudalin::DevExpert) + sizeof(glue::Expert) <= kDeviceExpertTableBytes,
+                  "the memory plan's allowance for the expert tables (model/weights.h)");
     d.experts = static_cast<const cudalin::DevExpert*>(put(ex.data(), ex.size() * sizeof(ex[0])));
     d.experts_exact = static_cast<const glue::Expert*>(put(ex_exact.data(), ex_exact.size() * sizeof(ex_exact[0])));
     layers.push_back(d);

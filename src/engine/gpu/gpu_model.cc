@@ -262,12 +262,14 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   cuda::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   cudaDeviceProp prop{};
   cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  MemoryPlan plan = plan_memory(*m->host_);
+  const int chunk = std::max(1, opt.prefill_chunk);
+  MemoryPlan plan = plan_memory(*m->host_, gpu_step_capacity(opt.max_seqs, chunk, c.sliding_window));
   if (opt.repeat_layers > 1) {  // the state of every repeated layer (the weights are shared)
     plan.kv_bytes_per_token *= opt.repeat_layers;
     plan.kv_fixed_per_sequence *= static_cast<size_t>(opt.repeat_layers);
   }
   check_fits(plan, opt.max_model_len, opt.max_seqs, free_b, std::string(prop.name) + " (" + dc.arch + ", free memory)");
+  m->plan_ = plan;
 
   // The config the device runs: the checkpoint's, with its main layers repeated for repeat_layers.
   m->cfg_ = c;
@@ -296,10 +298,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
     const std::vector<DevLayer> base = im.w.layers;
     for (int k = 1; k < opt.repeat_layers; ++k) im.w.layers.insert(im.w.layers.end(), base.begin(), base.end());
   }
-  const int chunk = std::max(1, opt.prefill_chunk);
-  im.cap_tokens = opt.max_seqs + (chunk > 1 ? chunk : 0);
+  im.cap_tokens = plan.step.step_tokens;
   im.st = std::make_unique<DeviceState>(m->cfg_, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison,
-                                        ring_rows(c.sliding_window, chunk));
+                                        plan.step.ring_rows);
   const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
   im.n_freq = static_cast<int>(fw.size());
   auto up = [&](const std::vector<float>& v) {

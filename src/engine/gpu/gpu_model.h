@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
@@ -113,6 +114,8 @@ class GpuModel {
   const GpuOptions& options() const { return opt_; }
   size_t weight_bytes() const;
   size_t state_bytes() const;
+  // The plan the load checked against the free device memory (with repeat_layers: the KV of every copy).
+  const MemoryPlan& memory_plan() const { return plan_; }
 
   // A new sequence in a free slot; throws when all max_seqs slots are taken.
   std::unique_ptr<GpuSequence> new_sequence();
@@ -131,6 +134,7 @@ class GpuModel {
   std::unique_ptr<Model> host_;  // checkpoint mmap, bound weights, config
   ModelConfig cfg_;
   GpuOptions opt_;
+  MemoryPlan plan_;
   std::unique_ptr<Impl> impl_;
 };
 
