@@ -80,16 +80,17 @@ std::pair<double, double> gpu_scratch(const Model& m, double T) {
   // indexer rows, attention output, z, router, shared expert, the exact MoE's h, logits.
   const double f32 = 2 * n * D + 2 * D + n + n * n + 2 * qlr + hd + H * hd + hd + 4 * hd + 4 * Id + IH * Id + IH +
                      H * hd + G * olr + E + K + 4 * Is + K * I + V;
-  const double b16 = 3 * widest + 2 * D + qlr + G * olr;  // 16-bit copies
+  const double b16 = widest + D + qlr;                    // 16-bit copies (xb, xbx, xbq)
   const double i32 = K + topk + (W + topk) + 2;           // routes, selections, slot lists (fixed part), next
   const double small = 256;                               // step metadata, sampling parameters
   const double sample = std::min(2048.0, V) * 4;          // sampling candidate lists
   const double hc = std::min(128.0, std::max(1.0, n * D / 256)) * 25 * 4;  // hc_pre split-K partials
   double fixed = T * (4 * f32 + 2 * b16 + 4 * i32 + small + sample + hc);
   const double per_context = T * (4.0 / 4 + 4.0 / 128);  // score rows (context / 4 floats), slots (context / 128)
-  // MoE decode workspace (up to 64 tokens) and, above 64 tokens, the MoE prefill workspace and the bf16
-  // copy of the largest dense linear (two stacked ones at most).
+  // Buffers of at most 64 rows: the side streams' 16-bit buffers, xhx, zb, the MoE decode workspace. Above
+  // 64 tokens: the MoE prefill workspace and the bf16 copy of the largest dense linear (two stacked at most).
   const double Td = std::min(T, 64.0);
+  fixed += Td * 2 * (2 * widest + D + G * olr);
   fixed += Td * K * (2 * I + 4 * D) + 4 * (2 + 2 * E + 2 * Td * K + Td * (D / 16 + 1));
   if (T > 64) {
     fixed += T * K * (2 * I + 4 * D + 8) + E * (T + 4) + 16 * E + 8 * (T * K / 32 + 1 + E) + 64;

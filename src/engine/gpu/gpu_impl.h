@@ -61,10 +61,13 @@ struct Scratch {
   float *h, *res, *x, *y, *post, *comb, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
   uint16_t* xb;             // 16-bit activations of the linear at hand (bf16, or f16: GpuOptions::f16_activations)
-  uint16_t *xb_side, *xb_side2;  // the same for work on the side streams (OnSide swaps them in as xb)
+  // Buffers only steps of <= 64 tokens use (the side streams, f16 activations and the grouped GEMV run only
+  // there) hold small_cap = min(cap, 64) rows; GpuModel::Impl::require_small_step guards them.
+  int64_t small_cap = 0;
+  uint16_t *xb_side, *xb_side2;  // the same for work on the side streams (OnSide swaps them in as xb) [small_cap]
   uint16_t *xbx, *xbq;      // 16-bit copies of x [cap, hidden] and of q_lora [cap, q_lora_rank]
-  uint16_t* xhx;            // f16 copy of the FFN's x [cap, hidden] (xbx stays bf16 for the MoE prefill)
-  uint16_t* zb;             // 16-bit copy of z [cap, o_groups * o_lora_rank] from the grouped wo_a GEMV, for wo_b
+  uint16_t* xhx;            // f16 copy of the FFN's x [small_cap, hidden] (xbx stays bf16 for the MoE prefill)
+  uint16_t* zb;             // 16-bit copy of z [small_cap, o_groups * o_lora_rank] from the grouped wo_a GEMV
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int* hc_counter;          // cuda::HcArgs::counter of the main stream's hc_pre / hc_head (zeroed at allocation)
@@ -124,6 +127,9 @@ struct GpuModel::Impl {
   cudalin::MoeWorkspace moe_ws{};
   cudalin::MoePrefillWorkspace moe_prefill_ws{};  // steps of more than 64 tokens (chunked prefill)
   int cap_tokens = 0;                             // most tokens in one step: max_seqs + prefill chunk
+  int step_tokens = 0;                            // tokens of the step being launched (run_step)
+  // Throws (an internal error, naming `what`) unless the step fits the small_cap-row buffers.
+  void require_small_step(const char* what) const;
   bool moe_kernel_ok = false;
   // Captured decode steps, keyed by (T, context bucket); see StepMeta::bucket and docs/GPU_ENGINE.md.
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> graphs;
@@ -146,6 +152,7 @@ struct GpuModel::Impl {
     explicit OnSide(Impl& i) : OnSide(i, i.side, i.ws_side, i.s.xb_side) {}
     OnSide(Impl& i, cudaStream_t s, cudalin::Workspace w, uint16_t* xb)
         : im(i), saved_stream(i.stream), saved_ws(i.ws), saved_xb(i.s.xb) {
+      im.require_small_step("a side stream");
       im.stream = s;
       im.ws = w;
       im.s.xb = xb;  // casts on this stream never touch the main stream's buffer

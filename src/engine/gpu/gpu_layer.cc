@@ -304,6 +304,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   Act16 zb;  // the 16-bit copy of z for wo_b, written by the grouped GEMV's epilogue (no cast launch)
   if (grouped_gemv && T <= 64) {
     // One launch for all groups: group g's rows read o's column block g (cudalin::gemv_grouped).
+    require_small_step("the grouped wo_a GEMV");
     uint16_t* zcopy = use_gemv(L.wo_b) ? s.zb : nullptr;  // h16() implies use_gemv()
     zb = {zcopy, h16(L.wo_b, T)};
     cudalin::gemv_grouped(L.wo_a.d, olr, gin, s.xb, H * hd, T, s.z, G * olr, ws, stream,
@@ -429,7 +430,10 @@ void GpuModel::Impl::layer(int li, int T) {
   post();
   cuda::HcArgs pf = pre(L.hc_ffn, L.ffn_norm);
   pf.xb = x_bf16();
-  if (x16.shared || x16.moe) pf.xh = s.xhx;
+  if (x16.shared || x16.moe) {
+    require_small_step("the FFN's f16 copy of x");
+    pf.xh = s.xhx;
+  }
   run_pre(pf);
   ffn(li, T, x16);
   post();
@@ -442,7 +446,13 @@ void GpuModel::Impl::take_pending_post(cuda::HcArgs& a) {
   pending_res = nullptr;
 }
 
+void GpuModel::Impl::require_small_step(const char* what) const {
+  if (step_tokens > s.small_cap)
+    fail("GPU engine (internal): ", what, " in a step of ", step_tokens, " tokens; its buffers hold ", s.small_cap);
+}
+
 void GpuModel::Impl::run_step(int T) {
+  step_tokens = T;
   const int64_t D = c->hidden_size;
   prof_n = 0;
   mark("start");

@@ -93,12 +93,13 @@ void GpuModel::Impl::alloc_scratch() {
   s.logits = f(T * V);
   const int64_t widest = std::max({D, qlr, H * hd, G * olr, Is, I});
   s.xb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
-  s.xb_side = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
-  s.xb_side2 = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
+  s.small_cap = std::min<int64_t>(T, 64);
+  s.xb_side = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * s.small_cap * widest));
+  s.xb_side2 = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * s.small_cap * widest));
   s.xbx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
   s.xbq = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * qlr));
-  s.xhx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * D));
-  s.zb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * G * olr));
+  s.xhx = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * s.small_cap * D));
+  s.zb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * s.small_cap * G * olr));
   s.idx = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * K));
   s.sel = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * std::max(1, c->index_topk)));
   s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);
