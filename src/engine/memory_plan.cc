@@ -36,7 +36,8 @@ std::string component_of(const std::string& name) {
 
 StepCapacity gpu_step_capacity(int max_seqs, int prefill_chunk, int sliding_window) {
   const int chunk = std::max(1, prefill_chunk);
-  return {int64_t{max_seqs} + (chunk > 1 ? chunk : 0), ring_rows(sliding_window, chunk)};
+  const int64_t extra = chunk > 1 ? chunk : 0;
+  return {max_seqs + extra, ring_rows(sliding_window, chunk), max_seqs + std::min<int64_t>(extra, kPrefillLogitsRows)};
 }
 
 size_t MemoryPlan::workspace_at(int64_t context) const {
@@ -68,7 +69,8 @@ namespace {
 // An upper bound of the scratch GpuModel::Impl::alloc_scratch allocates for steps of T tokens (keep the two
 // together: test_gpu_memory_plan checks the bound on the device, after steps that create the library handles
 // and capture CUDA graphs). Returned as bytes fixed + bytes per token of context.
-std::pair<double, double> gpu_scratch(const Model& m, double T) {
+std::pair<double, double> gpu_scratch(const Model& m, const StepCapacity& step) {
+  const double T = static_cast<double>(std::max<int64_t>(1, step.step_tokens));
   const ModelConfig& c = m.config();
   const double D = c.hidden_size, n = c.hc_mult, H = c.num_attention_heads, hd = c.head_dim;
   const double qlr = c.q_lora_rank, IH = std::max(1, c.index_n_heads), Id = std::max(1, c.index_head_dim);
@@ -77,15 +79,16 @@ std::pair<double, double> gpu_scratch(const Model& m, double T) {
   const double Is = std::max(1, c.n_shared_experts) * I, topk = std::max(1, c.index_topk), W = c.sliding_window;
   const double widest = std::max({D, qlr, H * hd, G * olr, Is, I});
   // fp32 activations per token: streams h and res, x, y, mHC post / comb, q path, kv, compressor and
-  // indexer rows, attention output, z, router, shared expert, the exact MoE's h, logits.
+  // indexer rows, attention output, z, router, shared expert, the exact MoE's h.
   const double f32 = 2 * n * D + 2 * D + n + n * n + 2 * qlr + hd + H * hd + hd + 4 * hd + 4 * Id + IH * Id + IH +
-                     H * hd + G * olr + E + K + 4 * Is + K * I + V;
+                     H * hd + G * olr + E + K + 4 * Is + K * I;
   const double b16 = widest + D + qlr;                    // 16-bit copies (xb, xbx, xbq)
   const double i32 = K + topk + (W + topk) + 2;           // routes, selections, slot lists (fixed part), next
   const double small = 256;                               // step metadata, sampling parameters
   const double sample = std::min(2048.0, V) * 4;          // sampling candidate lists
   const double hc = std::min(128.0, std::max(1.0, n * D / 256)) * 25 * 4;  // hc_pre split-K partials
   double fixed = T * (4 * f32 + 2 * b16 + 4 * i32 + small + sample + hc);
+  fixed += static_cast<double>(std::max<int64_t>(1, step.logits_rows)) * V * 4;  // logits
   const double per_context = T * (4.0 / 4 + 4.0 / 128);  // score rows (context / 4 floats), slots (context / 128)
   // Buffers of at most 64 rows: the side streams' 16-bit buffers, xhx, zb, the MoE decode workspace. Above
   // 64 tokens: the MoE prefill workspace and the bf16 copy of the largest dense linear (two stacked at most).
@@ -124,7 +127,7 @@ MemoryPlan plan_memory(const Model& m, const StepCapacity& step) {
   if (step.ring_rows > c.sliding_window)  // the ring widened for chunked prefill, every layer
     p.kv_fixed_per_sequence += static_cast<size_t>(step.ring_rows - c.sliding_window) * m.kv_row_bytes() *
                                static_cast<size_t>(c.num_layers_total());
-  const auto [fixed, per_context] = gpu_scratch(m, static_cast<double>(std::max<int64_t>(1, step.step_tokens)));
+  const auto [fixed, per_context] = gpu_scratch(m, step);
   p.workspace = static_cast<size_t>(std::ceil(fixed));
   p.workspace_per_context = per_context;
   return p;

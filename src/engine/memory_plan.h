@@ -15,7 +15,11 @@ namespace dsv4 {
 struct StepCapacity {
   int64_t step_tokens = 1;  // most tokens in one step
   int64_t ring_rows = 0;    // window ring rows per sequence and layer (0 = the window)
+  int64_t logits_rows = 1;  // most logits rows in one step (engine/step_plan.h next_step's out_cap)
 };
+// Logits rows a prefill step may carry beyond one per sequence (an all_logits chunk longer than this goes in
+// several steps): the logits buffer and its pinned host copy stay at (max_seqs + 512) x vocab floats.
+constexpr int kPrefillLogitsRows = 512;
 // The GPU engine's step capacity for these options (engine/gpu/gpu_model.cc, GpuModel::load).
 StepCapacity gpu_step_capacity(int max_seqs, int prefill_chunk, int sliding_window);
 

@@ -45,8 +45,12 @@ struct Step {
 };
 
 // Fills `step` with the next step and advances `done` (tokens of each chunk already scheduled); returns
-// false when every token is scheduled. per_seq >= 1, cap >= 1.
-bool next_step(const std::vector<StepChunk>& chunks, std::vector<int64_t>& done, int per_seq, int cap, Step& step);
+// false when every token is scheduled. per_seq >= 1, cap >= 1. out_cap >= 1: at most this many logits rows
+// per step (the device's logits buffer); an all_logits chunk then takes fewer tokens (leaving a row for the
+// last token of every later chunk that still has tokens), and a chunk whose last token finds no row left
+// stops one token short; every step still makes progress.
+bool next_step(const std::vector<StepChunk>& chunks, std::vector<int64_t>& done, int per_seq, int cap, Step& step,
+               int out_cap = 1 << 30);
 
 // Rows of the window ring when a step carries up to per_seq tokens of a sequence: window + per_seq - 1.
 // A step writes its tokens' window rows (row = position % ring) before any of its queries reads, and a

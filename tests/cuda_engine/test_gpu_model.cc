@@ -409,6 +409,46 @@ TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
   }
 }
 
+// A prompt whose logits are all wanted, longer than the logits rows a step may carry (max_seqs + 512,
+// MemoryPlan::step.logits_rows): with a prefill chunk of 1024 the scheduler cuts it into steps of 513 and 187
+// tokens (engine/step_plan.h next_step's out_cap). Every row against the CPU's all-logits forward, exact mode.
+TEST_F(GpuEngine, AllLogitsPromptLongerThanTheLogitsRows) {
+  DSV4_REQUIRE_GPU();
+  const std::vector<int32_t> prompt = testing::lcg_prompt(700, 77);
+  EngineOptions eo;
+  eo.kv_dtype = KvDtype::kF32;
+  auto cm = Model::load(dir_[0], eo);
+  const int64_t V = cm->config().vocab_size;
+  auto cs = cm->new_sequence();
+  std::vector<SeqChunk> cb(1);
+  cb[0].seq = cs.get();
+  cb[0].tokens = prompt;
+  cb[0].all_logits = true;
+  const std::vector<float> want = cm->forward(cb)[0].logits;
+  gpu::GpuOptions o = test_options(KvDtype::kF32, true);
+  o.max_seqs = 1;
+  o.prefill_chunk = 1024;
+  auto m = gpu::GpuModel::load(dir_[0], o);
+  ASSERT_EQ(m->memory_plan().step.logits_rows, 1 + 512);
+  auto gs = m->new_sequence();
+  std::vector<gpu::GpuSeqChunk> gb(1);
+  gb[0].seq = gs.get();
+  gb[0].tokens = prompt;
+  gb[0].all_logits = true;
+  const std::vector<ChunkOutput> got = m->forward(gb);
+  ASSERT_EQ(got[0].logits.size(), want.size());
+  ASSERT_EQ(want.size(), prompt.size() * static_cast<size_t>(V));
+  double worst = 0;
+  for (size_t r = 0; r < prompt.size(); ++r) {
+    const std::vector<float> a(got[0].logits.begin() + r * V, got[0].logits.begin() + (r + 1) * V);
+    const std::vector<float> b(want.begin() + r * V, want.begin() + (r + 1) * V);
+    worst = std::max(worst, testing::row_error(a, b));
+  }
+  std::printf("continuous model, exact, 700 all-logits rows in steps of 513 + 187 vs CPU: max logit error %.3e\n", worst);
+  EXPECT_LE(worst, 5e-4);
+  EXPECT_EQ(gs->length, 700);
+}
+
 // Sixteen sequences per step: the LM head then runs through cuBLAS on bf16 activations (>= 16 logits rows),
 // inside the captured decode graphs. Each sequence against the CPU alone (continuous model, f32 KV,
 // teacher-forced, the kernel path's bound) and graphs against eager launches bit for bit.

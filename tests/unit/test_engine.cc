@@ -274,14 +274,16 @@ TEST_F(DefaultModel, MemoryPlanCountsEveryByteAndRefusesWhatDoesNotFit) {
   }
 
   // Chunked prefill (GpuModel: steps of max_seqs + chunk tokens, the window ring widened by chunk - 1 rows):
-  // the workspace holds at least the step's logits and the indexer's score rows (context / 4 floats per
-  // token), and the per-sequence state the wider rings.
+  // the workspace holds at least the logits rows and the indexer's score rows (context / 4 floats per token),
+  // and the per-sequence state the wider rings.
   const MemoryPlan q = plan_memory(*m, gpu_step_capacity(2, 8192, c.sliding_window));
   EXPECT_EQ(q.step.step_tokens, 8194);
   EXPECT_EQ(q.step.ring_rows, c.sliding_window + 8191);
   EXPECT_EQ(q.kv_fixed_per_sequence,
             p.kv_fixed_per_sequence + size_t{8191} * m->kv_row_bytes() * static_cast<size_t>(c.num_layers_total()));
-  EXPECT_GE(q.workspace - p.workspace, size_t{8192} * static_cast<size_t>(c.vocab_size) * 4);
+  EXPECT_EQ(p.step.logits_rows, 2);
+  EXPECT_EQ(q.step.logits_rows, 2 + kPrefillLogitsRows);  // an all_logits chunk goes in steps of 512 rows
+  EXPECT_GE(q.workspace - p.workspace, size_t{kPrefillLogitsRows} * static_cast<size_t>(c.vocab_size) * 4);
   EXPECT_GE(q.workspace_per_context, 8194.0);
   EXPECT_EQ(q.workspace_at(1 << 20) - q.workspace, static_cast<size_t>(std::ceil(q.workspace_per_context * (1 << 20))));
   const size_t qneed = q.total(1 << 20, 2);

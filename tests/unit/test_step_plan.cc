@@ -39,14 +39,18 @@ TEST(StepPlan, DecodeBatchIsOneStepOfOneTokenPerSequence) {
   EXPECT_FALSE(next_step(chunks, done, 1, 4, s));
 }
 
-// Every token scheduled once, in order, at its position; steps within cap and per_seq; logits rows exactly
-// the chunks' last tokens (every token with all_logits), pointing at the right step row.
+// Every token scheduled once, in order, at its position; steps within cap, per_seq and the logits rows'
+// bound; logits rows exactly the chunks' last tokens (every token with all_logits), pointing at the right
+// step row.
 TEST(StepPlan, RandomBatchesScheduleEveryTokenOnce) {
   std::mt19937_64 rng(seed());
   for (int trial = 0; trial < 2000; ++trial) {
     const int n = 1 + static_cast<int>(rng() % 6);
     const int per_seq = 1 + static_cast<int>(rng() % 300);
     const int cap = n + static_cast<int>(rng() % 400);
+    // Logits rows per step: unbounded, or as the GPU engine sizes them (sequences + up to 512), or tight.
+    const int out_cap = trial % 3 == 0 ? (1 << 30) : trial % 3 == 1 ? n + static_cast<int>(rng() % 512)
+                                                                    : 1 + static_cast<int>(rng() % 3);
     std::vector<std::vector<int32_t>> toks(n);
     std::vector<StepChunk> chunks(n);
     for (int b = 0; b < n; ++b) {
@@ -57,9 +61,10 @@ TEST(StepPlan, RandomBatchesScheduleEveryTokenOnce) {
     std::vector<int64_t> done, seen(n, 0), outs_seen(n, 0);
     Step s;
     int steps = 0;
-    while (next_step(chunks, done, per_seq, cap, s)) {
+    while (next_step(chunks, done, per_seq, cap, s, out_cap)) {
       ASSERT_LT(++steps, 100000);
       ASSERT_LE(s.tokens, cap);
+      ASSERT_LE(static_cast<int>(s.outs.size()), out_cap);
       int row = 0;
       std::map<int, std::pair<size_t, int64_t>> token_at_row;  // step row -> (chunk, index)
       for (const StepSeq& q : s.seqs) {
@@ -87,6 +92,41 @@ TEST(StepPlan, RandomBatchesScheduleEveryTokenOnce) {
       EXPECT_EQ(outs_seen[b], chunks[b].all_logits ? chunks[b].n_tokens : 1);
     }
   }
+}
+
+// The logits-row bound (the GPU engine's logits buffer): an all_logits chunk of 1000 tokens goes in steps of
+// at most 100 tokens at out_cap 100, leaving a row for the last token of the chunk behind it.
+TEST(StepPlan, LogitsRowsBoundSplitsAllLogitsChunks) {
+  std::vector<int32_t> a(1000, 7), b(50, 9);
+  std::vector<StepChunk> chunks = {StepChunk{0, 0, a.data(), 1000, true}, StepChunk{1, 10, b.data(), 50, false}};
+  std::vector<int64_t> done;
+  Step s;
+  ASSERT_TRUE(next_step(chunks, done, 512, 600, s, 100));
+  ASSERT_EQ(s.seqs.size(), 2u);
+  EXPECT_EQ(s.seqs[0].count, 99);  // one row left for b's last token
+  EXPECT_EQ(s.seqs[1].count, 50);
+  ASSERT_EQ(s.outs.size(), 100u);
+  EXPECT_TRUE(s.outs.back().last);
+  int steps = 1;
+  while (next_step(chunks, done, 512, 600, s, 100)) {
+    ASSERT_EQ(s.seqs.size(), 1u);
+    EXPECT_LE(s.outs.size(), 100u);
+    ++steps;
+  }
+  EXPECT_EQ(done[0], 1000);
+  EXPECT_EQ(done[1], 50);
+  EXPECT_EQ(steps, 11);  // 99 + 9 x 100 + 1
+  // A chunk whose last token finds no row left stops one short: out_cap 1, two plain chunks of 3 tokens.
+  std::vector<StepChunk> two = {StepChunk{0, 0, b.data(), 3, false}, StepChunk{1, 0, b.data(), 3, false}};
+  std::vector<int64_t> d2;
+  ASSERT_TRUE(next_step(two, d2, 8, 16, s, 1));
+  ASSERT_EQ(s.seqs.size(), 2u);
+  EXPECT_EQ(s.seqs[0].count, 3);
+  EXPECT_EQ(s.seqs[1].count, 2);
+  ASSERT_TRUE(next_step(two, d2, 8, 16, s, 1));
+  EXPECT_EQ(s.seqs.size(), 1u);
+  EXPECT_EQ(s.outs.size(), 1u);
+  EXPECT_FALSE(next_step(two, d2, 8, 16, s, 1));
 }
 
 // Simulates the window ring across steps: each step first writes its tokens' rows (position % ring), then

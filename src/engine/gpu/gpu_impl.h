@@ -75,7 +75,7 @@ struct Scratch {
   // wq_a | wkv GEMV's q_norm (q_lora_norm_in_gemv); zeroed at allocation, re-armed by the kernels.
   int* q_norm_counters;
   int64_t score_cols = 0, max_slots = 0;
-  float* logits_host = nullptr;  // pinned [cap, vocab]
+  float* logits_host = nullptr;  // pinned [logits_cap, vocab] (logits: the same on the device)
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
   int32_t* next = nullptr;        // device [2, cap]: the token drawn from each row of the step, its status
   int32_t* next_host = nullptr;   // pinned [2, cap]
@@ -127,6 +127,7 @@ struct GpuModel::Impl {
   cudalin::MoeWorkspace moe_ws{};
   cudalin::MoePrefillWorkspace moe_prefill_ws{};  // steps of more than 64 tokens (chunked prefill)
   int cap_tokens = 0;                             // most tokens in one step: max_seqs + prefill chunk
+  int logits_cap = 0;                             // most logits rows in one step (MemoryPlan's logits_rows)
   int step_tokens = 0;                            // tokens of the step being launched (run_step)
   // Throws (an internal error, naming `what`) unless the step fits the small_cap-row buffers.
   void require_small_step(const char* what) const;

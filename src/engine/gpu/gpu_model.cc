@@ -90,7 +90,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.shu = f(T * Is);
   s.shh = f(T * Is);
   s.hexact = f(T * K * I);
-  s.logits = f(T * V);
+  s.logits = f(static_cast<int64_t>(logits_cap) * V);
   const int64_t widest = std::max({D, qlr, H * hd, G * olr, Is, I});
   s.xb = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * T * widest));
   s.small_cap = std::min<int64_t>(T, 64);
@@ -110,7 +110,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.q_norm_counters = static_cast<int*>(dalloc(sizeof(int) * (c->num_attention_heads + 1)));
   cuda::check(cudaMemset(s.q_norm_counters, 0, sizeof(int) * (c->num_attention_heads + 1)), "zero the q norm counters");
   s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
-  s.logits_host = static_cast<float*>(halloc(sizeof(float) * T * V));
+  s.logits_host = static_cast<float*>(halloc(sizeof(float) * logits_cap * V));
   s.next = static_cast<int32_t*>(dalloc(sizeof(int32_t) * 2 * T));
   s.next_host = static_cast<int32_t*>(halloc(sizeof(int32_t) * 2 * T));
   s.sample_params = static_cast<glue::SampleRowParams*>(dalloc(sizeof(glue::SampleRowParams) * T));
@@ -299,7 +299,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
     const std::vector<DevLayer> base = im.w.layers;
     for (int k = 1; k < opt.repeat_layers; ++k) im.w.layers.insert(im.w.layers.end(), base.begin(), base.end());
   }
-  im.cap_tokens = plan.step.step_tokens;
+  im.cap_tokens = static_cast<int>(plan.step.step_tokens);
+  im.logits_cap = static_cast<int>(plan.step.logits_rows);
   im.st = std::make_unique<DeviceState>(m->cfg_, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison,
                                         plan.step.ring_rows);
   const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
@@ -394,7 +395,7 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
                           static_cast<int64_t>(batch[b].tokens.size()), batch[b].all_logits};
   std::vector<int64_t> done;
   Step step;
-  while (next_step(chunks, done, opt_.prefill_chunk, im.cap_tokens, step)) {
+  while (next_step(chunks, done, opt_.prefill_chunk, im.cap_tokens, step, im.logits_cap)) {
     const std::vector<StepSeq>& seqs = step.seqs;
     const std::vector<StepOut>& rows = step.outs;
     const int T = step.tokens;
@@ -408,6 +409,8 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     else
       for (const StepOut& o : rows) im.meta.out_rows.push_back(o.row);
     auto lrow = [&](size_t r) { return one_per_seq ? rows[r].row : static_cast<int>(r); };
+    if (static_cast<int>(im.meta.out_rows.size()) > im.logits_cap)
+      fail("GPU engine (internal): ", im.meta.out_rows.size(), " logits rows in a step; the buffer holds ", im.logits_cap);
     im.set_step(seqs);
     im.launch_step(T);
     const int n_out = static_cast<int>(rows.size());

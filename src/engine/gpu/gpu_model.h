@@ -38,7 +38,8 @@ struct GpuOptions {
   // Steps of several tokens per sequence run eagerly; above 64 tokens in a step the linears dequantize to
   // bf16 and multiply with cuBLAS and the routed experts take the grouped MoE prefill GEMM; the window ring
   // is widened by chunk - 1 rows (engine/step_plan.h); the LM head runs only on the rows whose logits are
-  // needed.
+  // needed, at most max_seqs + 512 per step (kPrefillLogitsRows: an all_logits chunk longer than that goes in
+  // several steps, so the logits buffer and its pinned host copy do not grow with the chunk).
   int prefill_chunk = 0;
   // Benchmarks: record a CUDA event after every operation of a step (implies eager launches);
   // step_profile_ms() reads them.
