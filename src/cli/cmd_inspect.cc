@@ -15,7 +15,7 @@ int cmd_inspect(int argc, char** argv) {
   Args a(argc, argv, 2, {"model", "context", "kv-cache-dtype", "sequences", "device-memory-gib", "chunk"}, {"help", "tensors"});
   if (a.has("help")) {
     std::printf("dsv4 inspect [--model DIR] [--tensors] [--context 1048576] [--sequences 1] [--kv-cache-dtype bf16|fp8|f32]\n"
-                "             [--chunk 512 (cuda prefill chunk: the workspace is sized for steps of sequences + chunk\n"
+                "             [--chunk 2048 (cuda prefill chunk: the workspace is sized for steps of sequences + chunk\n"
                 "              tokens, as dsv4 run --device cuda takes them)]\n"
                 "             [--device-memory-gib 141 (check the plan against a device of this size)]\n");
     return 0;

@@ -44,7 +44,7 @@ int cmd_run(int argc, char** argv) {
         "dsv4 run [--model DIR] (--prompt TEXT | --prompt-ids 0,1,2) [--max-tokens 32]\n"
         "         [--temperature 0] [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0]\n"
         "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt;\n"
-        "          cuda: N tokens per prefill step, 0 = 512, 1 = token by token)]\n"
+        "          cuda: N tokens per prefill step, 0 = 2048, 1 = token by token)]\n"
         "         [--device cpu|cuda] [--max-model-len N (cuda: positions to reserve, default 4096)]\n"
         "         [--act-quant (cpu: FP8 activations before the FP8 / MXFP4 linears, as DeepSeek's reference)]\n"
         "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
@@ -67,9 +67,9 @@ int cmd_run(int argc, char** argv) {
   if (max_tokens < 0) fail("--max-tokens must be >= 0");
   const long long chunk = a.get_int("chunk", 0);
   if (chunk < 0) fail("--chunk must be >= 0");
-  // cuda: 0 (the default) takes prefill steps of 512 tokens rather than one token at a time, which runs at
-  // the batch-1 decode rate (V4-Flash width on an H200: ~2,000 against ~110 tok/s, docs/PERFORMANCE.md);
-  // the engine checks its own range.
+  // cuda: 0 (the default) takes prefill steps of kDefaultCudaPrefillChunk tokens rather than one token at a
+  // time, which runs at the batch-1 decode rate (V4-Flash width on an H200: ~4,700 against ~135 tok/s,
+  // docs/PERFORMANCE.md); the engine checks its own range.
   ro.prefill_chunk = chunk == 0 ? kDefaultCudaPrefillChunk : static_cast<int>(std::min<long long>(chunk, 1 << 30));
 
   const std::string dir = resolve_model_dir(a.get("model"));

@@ -18,8 +18,11 @@ class Runner {
   virtual std::vector<float> feed(const std::vector<int32_t>& tokens, size_t chunk) = 0;
 };
 
-// `dsv4 run --device cuda` without --chunk: tokens per prefill step.
-constexpr int kDefaultCudaPrefillChunk = 512;
+// `dsv4 run --device cuda` without --chunk: tokens per prefill step. 8K-token prefill at V4-Flash width on an
+// H200 (docs/PERFORMANCE.md run 38): 2,608 tok/s in chunks of 512, 4,696 in 2048, 6,502 in 8192; the step
+// workspace grows with the chunk (memory plan: ~2.8 GB at 2048 and 8.2K positions, plus 1 byte per
+// position per chunk token for the indexer's score rows), so 8192 stays an option.
+constexpr int kDefaultCudaPrefillChunk = 2048;
 
 struct RunnerOptions {
   std::string device = "cpu";  // cpu | cuda
