@@ -9,7 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--q-norm-in-gemv]
-//                     [--q-lora-norm-in-gemv] [--route-candidates]
+//                     [--q-lora-norm-in-gemv] [--route-candidates] [--router-gemm]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -29,6 +29,7 @@
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
 // --route-candidates: the router's picks in two rank passes (glue::set_route_candidates).
+// --router-gemm: GpuOptions::router_gemm (steps of > 64 tokens: the router's linear through cuBLAS in fp32).
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
 //   tokens (default 1): off, w2, w13 or all (the default).
 #include <cuda_runtime.h>
@@ -133,6 +134,7 @@ int main(int argc, char** argv) {
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, q_hn = false, qr_hn = false;
+  bool router_gemm = false;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -174,6 +176,7 @@ int main(int argc, char** argv) {
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--q-norm-in-gemv") q_hn = true;
     else if (a == "--q-lora-norm-in-gemv") qr_hn = true;
+    else if (a == "--router-gemm") router_gemm = true;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
       const std::string v = next(), kind = v.substr(0, v.find(':'));
@@ -208,6 +211,7 @@ int main(int argc, char** argv) {
     o.kv_row_on_side = kv_side;
     o.q_norm_in_gemv = q_hn;
     o.q_lora_norm_in_gemv = qr_hn;
+    o.router_gemm = router_gemm;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

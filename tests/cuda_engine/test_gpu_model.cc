@@ -217,6 +217,9 @@ class GpuEngine : public ::testing::Test {
   }
 
   // Bitwise equality of two GPU runs.
+  // Chunked prefill of `chunk` tokens per step against the CPU (ChunkedPrefillMatchesCpu).
+  static void chunked_prefill_matches_cpu(int chunk, bool router_gemm);
+
   static void expect_identical(const char* what, const std::vector<GreedyRun>& a, const std::vector<GreedyRun>& b) {
     for (size_t i = 0; i < a.size(); ++i) {
       size_t differ = 0;
@@ -389,24 +392,36 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
 // prefill GEMM.
 // Same functions as the token-by-token path, so the same bounds: exact mode on the selective model (5e-4,
 // argmax identical at every step), kernels on the continuous model (2e-2).
+// Chunked prefill of `chunk` tokens per step: the selective model in exact mode and the continuous model with
+// the kernels and fp8 KV, each against the CPU.
+void GpuEngine::chunked_prefill_matches_cpu(int chunk, bool router_gemm) {
+  const std::string what = "chunked prefill " + std::to_string(chunk) + (router_gemm ? " (router gemm)" : "");
+  gpu::GpuOptions exact = test_options(KvDtype::kF32, true);
+  exact.prefill_chunk = chunk;
+  exact.router_gemm = router_gemm;
+  const auto& cs = cpu(1, KvDtype::kF32);
+  compare(("selective model, exact, " + what + ", f32 KV vs CPU:").c_str(), gpu(1, exact, cs),
+                     cs, 5e-4, true);
+  gpu::GpuOptions kern = test_options(KvDtype::kFP8);
+  kern.prefill_chunk = chunk;
+  kern.router_gemm = router_gemm;
+  const auto& f32 = cpu(0, KvDtype::kF32);
+  const auto& c8 = cpu(0, KvDtype::kFP8);
+  const double dq = kv_quantization_effect("continuous model, fp8 KV", c8, f32);
+  compare(("continuous model, kernels, " + what + ", fp8 KV vs CPU fp8 KV:").c_str(),
+                     gpu(0, kern, f32), c8, 2e-2 + 2 * dq, false);
+}
+
 TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  for (int chunk : {48, 200}) {
-    gpu::GpuOptions exact = test_options(KvDtype::kF32, true);
-    exact.prefill_chunk = chunk;
-    const auto& cs = cpu(1, KvDtype::kF32);
-    compare(chunk == 48 ? "selective model, exact, chunked prefill 48, f32 KV vs CPU:"
-                        : "selective model, exact, chunked prefill 200, f32 KV vs CPU:",
-            gpu(1, exact, cs), cs, 5e-4, true);
-    gpu::GpuOptions kern = test_options(KvDtype::kFP8);
-    kern.prefill_chunk = chunk;
-    const auto& f32 = cpu(0, KvDtype::kF32);
-    const auto& c8 = cpu(0, KvDtype::kFP8);
-    const double dq = kv_quantization_effect("continuous model, fp8 KV", c8, f32);
-    compare(chunk == 48 ? "continuous model, kernels, chunked prefill 48, fp8 KV vs CPU fp8 KV:"
-                        : "continuous model, kernels, chunked prefill 200, fp8 KV vs CPU fp8 KV:",
-            gpu(0, kern, f32), c8, 2e-2 + 2 * dq, false);
-  }
+  for (int chunk : {48, 200}) chunked_prefill_matches_cpu(chunk, false);
+}
+
+// GpuOptions::router_gemm (off by default): the router's linear through cuBLAS in fp32 in steps of > 64
+// tokens (the 200-token chunks).
+TEST_F(GpuEngine, RouterGemmChunkedPrefillMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  chunked_prefill_matches_cpu(200, true);
 }
 
 // A prompt whose logits are all wanted, longer than the logits rows a step may carry (max_seqs + 512,

@@ -1,6 +1,9 @@
 // Prefill path: dequant_to_bf16 must reproduce the CPU dequantization bit for bit (every FP8 and MXFP4
 // value times its power-of-two scale is a bf16 value), and gemm_bf16 (cuBLAS, fp32 accumulation) must match
-// the float64 product within fp32 summation error (norm 1e-4, elementwise (K+8) 2^-23 sum|x w|).
+// the float64 product within fp32 summation error (norm 1e-4, elementwise (K+8) 2^-23 sum|x w|); the
+// router's fp32 GEMM (gemm_f32) the same.
+#include <tuple>
+
 #include "linear_test_util.h"
 
 namespace dsv4 {
@@ -79,6 +82,44 @@ TEST(CudaPrefill, StridedBlocks) {
 TEST(CudaPrefill, Mxfp4) {
   DSV4_REQUIRE_GPU();
   run_case(true, 130, 384, 2048, 2);
+}
+
+// The router's fp32 path (widen_bf16_to_f32 + gemm_f32): the widened weight is the bf16 value exactly, every
+// element written (poisoned before); the product of fp32 activations (not rounded to 16 bits) matches float64
+// within fp32 summation error (norm: ~2^-24 sqrt(K) ~ 3e-6 at K = 4096, bound 2e-5; a TF32 GEMM's 10-bit
+// mantissas give ~2^-11 ~ 5e-4, so the bound tells them apart).
+// Shapes: V4-Flash's router (256 x 4096) at a 130-token step, and an odd one.
+TEST(CudaPrefill, F32GemmOfWidenedBf16Weight) {
+  DSV4_REQUIRE_GPU();
+  for (auto [M, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{130, 256, 4096}, {67, 33, 520}}) {
+    SCOPED_TRACE(::testing::Message() << "M " << M << " W [" << rows << ", " << cols << "]");
+    std::mt19937_64 rng(seed() ^ static_cast<uint64_t>(rows * 7919 + cols));
+    std::vector<float> W;
+    std::vector<uint16_t> wb;
+    random_bf16(rng, size_t(rows) * cols, W, wb);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(size_t(M) * cols);
+    for (float& v : x) v = nd(rng);  // full fp32 mantissas
+    DevBuf<uint16_t> dwb(wb);
+    DevBuf<float> dwf(size_t(rows) * cols), dx(x), dy(size_t(M) * rows);
+    dwf.poison();
+    dy.poison();
+    cudalin::widen_bf16_to_f32(dwb.p, dwf.p, rows * cols, nullptr);
+    cudalin::gemm_f32(dx.p, M, dwf.p, rows, cols, dy.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> wf = dwf.download();
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < W.size(); ++i) mismatches += std::memcmp(&wf[i], &W[i], 4) != 0;
+    EXPECT_EQ(mismatches, 0) << "widened weights differ from the bf16 values";
+    std::vector<double> ref, abs;
+    ref_gemm(W, rows, cols, x, static_cast<int>(M), ref, abs);
+    const ErrStats e = compare(dy.download(), ref, abs);
+    std::printf("gemm_f32 M=%lld [%lld,%lld]: rel_norm %.3g worst/abs %.3g\n", (long long)M, (long long)rows,
+                (long long)cols, e.rel_norm, e.worst);
+    EXPECT_EQ(e.non_finite, 0);
+    EXPECT_LE(e.rel_norm, 2e-5);
+    EXPECT_LE(e.worst, (cols + 8) * std::ldexp(1.0, -24));
+  }
 }
 
 }  // namespace

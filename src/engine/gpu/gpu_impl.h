@@ -77,6 +77,7 @@ struct Scratch {
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [logits_cap, vocab] (logits: the same on the device)
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
+  float* gate_f32 = nullptr;      // the router's weight widened to fp32 (GpuOptions::router_gemm, > 64 tokens)
   int32_t* next = nullptr;        // device [2, cap]: the token drawn from each row of the step, its status
   int32_t* next_host = nullptr;   // pinned [2, cap]
   glue::SampleRowParams* sample_params = nullptr;       // device [cap]

@@ -355,7 +355,12 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     OnSide on(*this);
     shared_expert();
   }
-  glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
+  if (s.gate_f32 && T > 64 && L.gate.g.fmt == glue::WFormat::kBF16) {  // GpuOptions::router_gemm
+    cudalin::widen_bf16_to_f32(reinterpret_cast<const uint16_t*>(L.gate.g.w), s.gate_f32, E * D, stream);
+    cudalin::gemm_f32(s.x, T, s.gate_f32, E, D, s.router, stream);
+  } else {
+    glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
+  }
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");

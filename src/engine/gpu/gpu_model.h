@@ -73,6 +73,12 @@ struct GpuOptions {
   // of the stacked wq_a | wkv GEMV instead of a glue::rmsnorm_rows launch. Same results (as above). Run 29:
   // 7.269 -> 7.394 ms; both on: 7.440 ms.
   bool q_lora_norm_in_gemv = false;
+  // Experiment, off (written in the ninth session, not yet run on a GPU): in steps of more than 64 tokens the
+  // router's BF16 linear through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened to fp32, no TF32)
+  // instead of the fp32 glue linear, which streams the weight once per 8 tokens. Run 38's prefill profile
+  // (chunks of 2048 at V4-Flash width): the router took 9.5% of the chunk, ~1 ms per layer for 2.1 GFLOP.
+  // Same function up to fp32 summation order.
+  bool router_gemm = false;
 };
 
 struct SlotPool;

@@ -215,6 +215,11 @@ void gemm_bf16(const uint16_t* x, int64_t M, const uint16_t* wbf16, int64_t rows
 // a wider activation, e.g. one group of the grouped output projection).
 void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* wbf16, int64_t rows, int64_t cols, float* y,
                int64_t ldy, cudaStream_t stream);
+// The fp32 form for a BF16 weight whose activations must stay fp32 (the router: its expert choices are
+// discrete): y[M, rows] = x[M, cols] · Wᵀ with W widened to fp32 (widen_bf16_to_f32, exact) and a pure fp32
+// cuBLAS GEMM (no TF32).
+void widen_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
+void gemm_f32(const float* x, int64_t M, const float* w, int64_t rows, int64_t cols, float* y, cudaStream_t stream);
 
 // ---------------------------------------------------------------- MoE prefill (MXFP4 routed experts, many tokens)
 // Device-side permutation (pairs sorted by (expert, t, k), counting sort, no host synchronization) and a

@@ -70,6 +70,13 @@ __global__ void dequant_fp4_kernel(const uint8_t* w, const uint8_t* s, int64_t r
   }
 }
 
+// y[i] = float(bf16 x[i]): exact (a bf16 is the top half of an fp32).
+__global__ void widen_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
 // One handle per thread with a workspace of its own (32 MiB, NVIDIA's recommendation for Hopper), set again
 // after every cublasSetStream (which resets it to cuBLAS's pool): a GEMM inside a captured CUDA graph (the
 // engine's LM head at batch >= 16) then never allocates during capture. Callers issue on one stream at a time.
@@ -127,6 +134,27 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* wbf16,
                                          static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     throw Error(str_cat("cuda gemm_bf16: cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
+                        cols, "]"));
+}
+
+void widen_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  check_cuda(cuda::launch(widen_bf16_kernel, dim3(blocks), dim3(256), 0, stream, x, y, n), "widen_bf16_kernel launch");
+}
+
+void gemm_f32(const float* x, int64_t M, const float* w, int64_t rows, int64_t cols, float* y, cudaStream_t stream) {
+  if (M <= 0) return;
+  // As gemm_bf16, in fp32 throughout: CUBLAS_COMPUTE_32F_PEDANTIC keeps cuBLAS off TF32 and any other reduced
+  // precision whatever the handle's math mode or NVIDIA_TF32_OVERRIDE.
+  const float alpha = 1.f, beta = 0.f;
+  cublasHandle_t h = handle(stream);
+  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
+                                         static_cast<int>(cols), &alpha, w, CUDA_R_32F, static_cast<int>(cols), x,
+                                         CUDA_R_32F, static_cast<int>(cols), &beta, y, CUDA_R_32F,
+                                         static_cast<int>(rows), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(str_cat("cuda gemm_f32: cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
                         cols, "]"));
 }
 
