@@ -101,6 +101,23 @@ cublasHandle_t handle(cudaStream_t stream) {
   return c.h;
 }
 
+// Row-major y[M, rows] = x[M, cols] · W[rows, cols]ᵀ (x and W of type `type`, fp32 y) is, column-major,
+// Y(rows x M) = op(A) B with op(A) = Aᵀ, A = W stored col-major cols x rows, and B = x (cols x M, leading
+// dimension ldx); Y has leading dimension ldy.
+void gemm_rows(const char* name, const void* x, cudaDataType type, int64_t ldx, int64_t M, const void* w, int64_t rows,
+               int64_t cols, float* y, int64_t ldy, cublasComputeType_t compute, cudaStream_t stream) {
+  if (M <= 0) return;
+  const float alpha = 1.f, beta = 0.f;
+  cublasHandle_t h = handle(stream);
+  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
+                                         static_cast<int>(cols), &alpha, w, type, static_cast<int>(cols), x, type,
+                                         static_cast<int>(ldx), &beta, y, CUDA_R_32F, static_cast<int>(ldy), compute,
+                                         CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(str_cat("cuda ", name, ": cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
+                        cols, "]"));
+}
+
 }  // namespace
 
 void dequant_to_bf16(const DevWeight& w, uint16_t* out, cudaStream_t stream) {
@@ -123,18 +140,7 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* wbf16,
                int64_t ldy, cudaStream_t stream) {
   if (ldx < cols || ldy < rows)
     throw Error(str_cat("cuda gemm_bf16: row strides ", ldx, " / ", ldy, " below the shape [", rows, ", ", cols, "]"));
-  // Row-major y[M, rows] = x[M, cols] · W[rows, cols]ᵀ is, column-major, Y(rows x M) = Wᵀ... i.e.
-  // op(A) = W (A = W stored col-major cols x rows, transposed) and B = x (cols x M, leading dimension ldx);
-  // Y has leading dimension ldy.
-  const float alpha = 1.f, beta = 0.f;
-  cublasHandle_t h = handle(stream);
-  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
-                                         static_cast<int>(cols), &alpha, wbf16, CUDA_R_16BF, static_cast<int>(cols), x,
-                                         CUDA_R_16BF, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
-                                         static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw Error(str_cat("cuda gemm_bf16: cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
-                        cols, "]"));
+  gemm_rows("gemm_bf16", x, CUDA_R_16BF, ldx, M, wbf16, rows, cols, y, ldy, CUBLAS_COMPUTE_32F, stream);
 }
 
 void widen_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
@@ -144,18 +150,9 @@ void widen_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stre
 }
 
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t rows, int64_t cols, float* y, cudaStream_t stream) {
-  if (M <= 0) return;
-  // As gemm_bf16, in fp32 throughout: CUBLAS_COMPUTE_32F_PEDANTIC keeps cuBLAS off TF32 and any other reduced
-  // precision whatever the handle's math mode or NVIDIA_TF32_OVERRIDE.
-  const float alpha = 1.f, beta = 0.f;
-  cublasHandle_t h = handle(stream);
-  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M),
-                                         static_cast<int>(cols), &alpha, w, CUDA_R_32F, static_cast<int>(cols), x,
-                                         CUDA_R_32F, static_cast<int>(cols), &beta, y, CUDA_R_32F,
-                                         static_cast<int>(rows), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw Error(str_cat("cuda gemm_f32: cublasGemmEx failed (", static_cast<int>(st), ") for ", M, " x [", rows, ", ",
-                        cols, "]"));
+  // fp32 throughout: CUBLAS_COMPUTE_32F_PEDANTIC keeps cuBLAS off TF32 and any other reduced precision whatever
+  // the handle's math mode or NVIDIA_TF32_OVERRIDE.
+  gemm_rows("gemm_f32", x, CUDA_R_32F, cols, M, w, rows, cols, y, rows, CUBLAS_COMPUTE_32F_PEDANTIC, stream);
 }
 
 }  // namespace dsv4::cudalin
