@@ -38,7 +38,8 @@ struct MemoryPlan {
   size_t workspace_at(int64_t context) const;
   size_t kv(int64_t context, int64_t sequences) const;
   size_t total(int64_t context, int64_t sequences) const;
-  // Longest context per sequence that fits in `device_bytes` (0 when even the weights do not fit).
+  // Longest context per sequence that fits in `device_bytes` (0 when the weights, the workspace and the fixed
+  // per-sequence state alone do not).
   int64_t max_context(int64_t sequences, size_t device_bytes) const;
 };
 
