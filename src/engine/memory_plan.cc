@@ -143,10 +143,17 @@ void check_fits(const MemoryPlan& plan, int64_t context, int64_t sequences, size
                     std::to_string(sequences) + " x " + std::to_string(context) + " tokens, workspace " +
                     human_bytes(plan.workspace_at(context)) + " for steps of " + std::to_string(plan.step.step_tokens) +
                     " tokens) and " + human_bytes(device_bytes) + " are available";
-  if (fit > 0) msg += "; at most " + std::to_string(fit) + " tokens per sequence fit (--max-model-len)";
-  else if (plan.device_weights > device_bytes) msg += "; the weights alone do not fit: use more devices (--tensor-parallel-size)";
-  else msg += "; the weights, the workspace and the per-sequence state leave no room for context: fewer sequences";
-  if (plan.step.step_tokens > 64) msg += "; a smaller prefill chunk shrinks the workspace";
+  const bool chunked = plan.step.step_tokens > 64;
+  if (fit > 0) {
+    msg += "; at most " + std::to_string(fit) + " tokens per sequence fit (--max-model-len)";
+    if (chunked) msg += "; a smaller prefill chunk shrinks the workspace";
+  } else if (plan.device_weights > device_bytes) {
+    msg += "; the weights alone do not fit: use more devices (--tensor-parallel-size)";
+  } else {
+    msg += "; the weights, the step workspace and the fixed per-sequence state leave no room for context";
+    if (chunked) msg += "; a smaller prefill chunk shrinks the workspace";
+    if (sequences > 1) msg += "; fewer sequences shrink the state";
+  }
   fail(msg);
 }
 
