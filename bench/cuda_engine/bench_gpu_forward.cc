@@ -9,7 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--q-norm-in-gemv]
-//                     [--q-lora-norm-in-gemv] [--route-candidates] [--router-gemm]
+//                     [--q-lora-norm-in-gemv] [--router-gemm]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -28,7 +28,6 @@
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
-// --route-candidates: the router's picks in two rank passes (glue::set_route_candidates).
 // --router-gemm: GpuOptions::router_gemm (steps of > 64 tokens: the router's linear through cuBLAS in fp32).
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
 //   tokens (default 1): off, w2, w13 or all (the default).
@@ -172,7 +171,6 @@ int main(int argc, char** argv) {
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
-    else if (a == "--route-candidates") glue::set_route_candidates(true);
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--q-norm-in-gemv") q_hn = true;
     else if (a == "--q-lora-norm-in-gemv") qr_hn = true;

@@ -8,7 +8,7 @@
 #      with the MoE decode's n-tiles capped otherwise, (MOE_LEAN4_AB=1) at batch 2 and 4 with the lean MoE
 #      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave, (MOE_SPLIT_AB="1 2")
 #      at batch 4 / 16 / 64 with the MoE kernels chosen per expert load, (KV_SIDE_AB=1) with the window KV row
-#      encoded on the compressor's stream, (ROUTE_AB=1) with the router's two-pass rank (--route-candidates),
+#      encoded on the compressor's stream,
 #      (PREFILL_AB="2048 8192") prefill of 8,192 tokens in those chunks without and with --router-gemm;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
@@ -50,7 +50,6 @@ if [ -n "${Q_GEMV_AB:-}" ]; then
   ab q-norms-in-gemv "with both (--q-norm-in-gemv --q-lora-norm-in-gemv)" --q-norm-in-gemv --q-lora-norm-in-gemv
 fi
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
-[ -n "${ROUTE_AB:-}" ] && ab route-candidates "with the router's two-pass rank (--route-candidates)" --route-candidates
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 # PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, without and with the router's fp32
 # cuBLAS GEMM (--router-gemm): tok/s, the memory line, and the chunk profile's router and expert rows.

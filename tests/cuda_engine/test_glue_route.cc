@@ -197,7 +197,7 @@ bool same_float(float a, float b) {
 }
 
 struct Stats {
-  int cases = 0, rows = 0, redrawn = 0, cpu_rows = 0, warp_rows = 0, cand_rows = 0;
+  int cases = 0, rows = 0, redrawn = 0, cpu_rows = 0, warp_rows = 0;
   double worst_ulp = 0.0;  // largest |gpu - ref| / (kUlp |ref|) seen
 };
 
@@ -306,30 +306,20 @@ void run_case(int E, int K, int T, int f, bool norm, bool hash, int bias_mode, u
   std::vector<float> gw;
   run_route("glue::route", gi, gw);
 
-  // Variants that must pick and weigh bit for bit like the rank kernel (the production one up to 1024
-  // experts): the warp-per-token kernel (glue::set_route_warp_kernel, E <= 256) and the rank kernel's two-pass
-  // picks (glue::set_route_candidates).
-  auto same_as_rank = [&](void (*set)(bool), const char* what) {
-    std::vector<int32_t> vi;
-    std::vector<float> vw;
-    set(true);
-    run_route(what, vi, vw);
-    set(false);
-    for (size_t i = 0; i < gi.size(); ++i) {
-      ASSERT_EQ(vi[i], gi[i]) << what << ", row " << i / K << " slot " << i % K;
-      ASSERT_EQ(0, std::memcmp(&vw[i], &gw[i], sizeof(float)))
-          << what << ", row " << i / K << " slot " << i % K << ": " << vw[i] << " vs " << gw[i];
-    }
-  };
+  // The warp-per-token kernel (glue::set_route_warp_kernel, E <= 256) on the same inputs: bit for bit the same
+  // picks and weights as the rank kernel (the production one up to 1024 experts).
   if (E <= 256) {
-    same_as_rank(glue::set_route_warp_kernel, "warp kernel vs rank kernel");
-    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<int32_t> wi;
+    std::vector<float> ww;
+    glue::set_route_warp_kernel(true);
+    run_route("glue::route (warp kernel)", wi, ww);
+    glue::set_route_warp_kernel(false);
+    for (size_t i = 0; i < gi.size(); ++i) {
+      ASSERT_EQ(wi[i], gi[i]) << "warp vs rank kernel, row " << i / K << " slot " << i % K;
+      ASSERT_EQ(0, std::memcmp(&ww[i], &gw[i], sizeof(float))) << "warp vs rank kernel, row " << i / K << " slot "
+                                                                << i % K << ": " << ww[i] << " vs " << gw[i];
+    }
     st.warp_rows += T;
-  }
-  if (E <= 1024) {
-    same_as_rank(glue::set_route_candidates, "two-pass vs full rank");
-    if (::testing::Test::HasFatalFailure()) return;
-    st.cand_rows += T;
   }
 
   for (int t = 0; t < T; ++t) {
@@ -357,7 +347,7 @@ TEST(GlueRoute, MatchesCpuRouter) {
   DSV4_REQUIRE_GPU();
   Stats st;
   uint64_t salt = 0;
-  for (int E : {8, 16, 33, 256, 384, 1024})  // 33: a group of one (set_route_candidates); 1024: the rank kernel's last
+  for (int E : {8, 16, 33, 256, 384, 1024})  // 1024: the rank kernel's last
     for (int K : {1, 6, 8})
       for (int T : {1, 7, 64})
         for (int f = 0; f < 3; ++f)
@@ -368,8 +358,8 @@ TEST(GlueRoute, MatchesCpuRouter) {
               if (HasFatalFailure()) return;
             }
   std::printf("glue::route: %d cases, %d rows (%d also through cpu::moe_route, %d bitwise against the warp "
-              "kernel, %d against the two-pass rank), %d ill-conditioned rows redrawn, worst weight error %.2f ulp\n",
-              st.cases, st.rows, st.cpu_rows, st.warp_rows, st.cand_rows, st.redrawn, st.worst_ulp);
+              "kernel), %d ill-conditioned rows redrawn, worst weight error %.2f ulp\n", st.cases, st.rows,
+              st.cpu_rows, st.warp_rows, st.redrawn, st.worst_ulp);
 }
 
 // The largest accepted expert count (one warp's scores and keys fill 48 KiB of shared memory), and the error

@@ -96,11 +96,6 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
 // Tests: route with the warp-per-token kernel (E <= 256) instead of the block rank kernel; both pick and weigh
 // identically (same scores, same total order, same summation order), which the router test checks bitwise.
 void set_route_warp_kernel(bool on);
-// Experiment (off by default): the rank kernel's picks in two shorter passes, within groups of 32 experts and
-// then among the groups' best (moe_glue.cu, rank_by_candidates); the same picks and weights, bit for bit
-// (GlueRoute, E 8..1024: 15,552 rows on the H200 in run 32). Timed in run 33 (`bench_gpu_forward
-// --route-candidates`, decode_ab.sh ROUTE_AB=1): batch-1 step 7.277 -> 7.293 ms, no gain, so it stays off.
-void set_route_candidates(bool on);
 
 // SwiGLU with the clamp (cpu::swiglu_expert, weight 1): h = silu(min(g, L)) * clamp(u, -L, L); limit 0: none.
 void swiglu(const float* g, const float* u, int64_t n, float limit, float* h, cudaStream_t stream);

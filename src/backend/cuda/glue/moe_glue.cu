@@ -157,60 +157,9 @@ __global__ void route_kernel(const float* logits, int T, int E, int K, int f, co
 // each of its own in route_better's strict total order (shared-memory broadcast reads): that count is the
 // expert's pick index, so the K best land in sel[] in cpu::moe_route's order after one barrier. (The
 // warp-per-token route_kernel is a ~1,500-instruction dependent chain in one warp: ~10 us at one token.)
-// CAND (set_route_candidates): the rank in two shorter passes (below, rank_by_candidates); the same picks.
 constexpr int kRankThreads = 256;
 constexpr int kRankMaxExperts = 1024;
-constexpr int kRankGroup = 32;  // CAND: experts per group of the first pass
-constexpr int kMaxCandidates = kRankMaxExperts / kRankGroup * kMaxTopK;
 
-// route_better's order for a key v of expert e against key o of expert j: whether j beats e.
-__device__ __forceinline__ bool rank_beats(float o, int j, float v, int e) {
-  if (v == v) return o > v || (o == v && j < e);  // a number: larger numbers, equal ones of lower index
-  return o == o || j < e;                         // NaN: every number, NaNs of lower index
-}
-
-// The K best experts into sel[rank] by two rank passes instead of one over all E keys (a chain of E compares
-// per thread): first each expert's rank within its group of 32 consecutive experts (the group's best K are
-// candidates, slot group * K + rank), then each candidate's rank among the candidates. Every expert that
-// beats one of the K best is itself among the K best, hence a candidate, so a candidate's rank among the
-// candidates is its global rank when that is < K, and >= K otherwise (the K best all beat it): the same sel[]
-// as the full pass. Empty slots (groups of fewer than K experts) hold (NaN, INT_MAX), which beats nothing.
-__device__ __forceinline__ void rank_by_candidates(const float* key, int E, int K, float* ckey, int* cidx,
-                                                   int* sel) {
-  const int tid = threadIdx.x, slots = (E + kRankGroup - 1) / kRankGroup * K;
-  for (int i = tid; i < slots; i += kRankThreads) ckey[i] = __int_as_float(0x7fc00000), cidx[i] = 0x7fffffff;
-  __syncthreads();
-  for (int e = tid; e < E; e += kRankThreads) {
-    const float v = key[e];
-    const int g0 = e / kRankGroup * kRankGroup, g1 = min(g0 + kRankGroup, E);
-    int r0 = 0, r1 = 0;  // two counters: two shorter dependency chains
-    int j = g0;
-    for (; j + 1 < g1; j += 2) {
-      r0 += rank_beats(key[j], j, v, e);
-      r1 += rank_beats(key[j + 1], j + 1, v, e);
-    }
-    if (j < g1) r0 += rank_beats(key[j], j, v, e);
-    const int r = r0 + r1;
-    if (r < K) ckey[e / kRankGroup * K + r] = v, cidx[e / kRankGroup * K + r] = e;
-  }
-  __syncthreads();
-  for (int i = tid; i < slots; i += kRankThreads) {
-    const int e = cidx[i];
-    if (e == 0x7fffffff) continue;
-    const float v = ckey[i];
-    int r0 = 0, r1 = 0;
-    int j = 0;
-    for (; j + 1 < slots; j += 2) {
-      r0 += rank_beats(ckey[j], cidx[j], v, e);
-      r1 += rank_beats(ckey[j + 1], cidx[j + 1], v, e);
-    }
-    if (j < slots) r0 += rank_beats(ckey[j], cidx[j], v, e);
-    const int r = r0 + r1;
-    if (r < K) sel[r] = e;
-  }
-}
-
-template <bool CAND>
 __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const float* logits, int E, int K, int f,
                                                                   const float* bias, const int32_t* tid2eid,
                                                                   const int32_t* tokens, bool norm_topk,
@@ -219,8 +168,6 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const float* l
   __shared__ float sc[kRankMaxExperts], key[kRankMaxExperts];
   __shared__ float red[kRankThreads / 32];
   __shared__ int sel[kMaxTopK];
-  __shared__ float ckey[CAND ? kMaxCandidates : 1];
-  __shared__ int cidx[CAND ? kMaxCandidates : 1];
   constexpr unsigned kAll = 0xffffffffu;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const float* l = logits + static_cast<int64_t>(t) * E;
@@ -251,8 +198,6 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const float* l
   __syncthreads();
   if (tid2eid) {
     if (tid < K) sel[tid] = tid2eid[static_cast<int64_t>(tokens[t]) * K + tid];
-  } else if constexpr (CAND) {
-    rank_by_candidates(key, E, K, ckey, cidx, sel);
   } else {
     for (int e = tid; e < E; e += kRankThreads) {
       const float v = key[e];
@@ -335,10 +280,8 @@ __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
 
 namespace {
 bool g_route_warp_kernel = false;
-bool g_route_candidates = false;
 }  // namespace
 void set_route_warp_kernel(bool on) { g_route_warp_kernel = on; }
-void set_route_candidates(bool on) { g_route_candidates = on; }
 
 void route(const float* logits, int T, int E, int K, int score_func, const float* bias, const int32_t* tid2eid,
            const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights, cudaStream_t stream) {
@@ -350,9 +293,8 @@ void route(const float* logits, int T, int E, int K, int score_func, const float
                              norm_topk, scaling, idx, weights),
                 "route_kernel launch");
   } else if (E <= kRankMaxExperts) {
-    cuda::check(cuda::launch(g_route_candidates ? route_rank_kernel<true> : route_rank_kernel<false>, dim3(T),
-                             dim3(kRankThreads), 0, stream, logits, E, K, score_func, bias, tid2eid, tokens,
-                             norm_topk, scaling, idx, weights),
+    cuda::check(cuda::launch(route_rank_kernel, dim3(T), dim3(kRankThreads), 0, stream, logits, E, K, score_func,
+                             bias, tid2eid, tokens, norm_topk, scaling, idx, weights),
                 "route_rank_kernel launch");
   } else {  // one warp per block, its scores and keys in shared memory
     const size_t smem = 2 * sizeof(float) * 32 * ((static_cast<size_t>(E) + 31) / 32);
