@@ -8,8 +8,7 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
-//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--q-norm-in-gemv]
-//                     [--q-lora-norm-in-gemv] [--router-gemm]
+//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--router-gemm]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -23,8 +22,6 @@
 //   experts: <= LIGHT pairs up to 8 tokens, <= WIDE at 9-32, <= WIDER at 33-64; the light launches lean up to
 //   LEAN tokens) for launches of 2 .. TOKENS tokens (default 2:64:8:16:64), or off.
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
-// --q-norm-in-gemv: GpuOptions::q_norm_in_gemv (q's heads norm / RoPE as the wq_b GEMV's epilogue).
-// --q-lora-norm-in-gemv: GpuOptions::q_lora_norm_in_gemv (q_norm as the stacked wq_a | wkv GEMV's epilogue).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -132,7 +129,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
-  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, q_hn = false, qr_hn = false;
+  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true;
   bool router_gemm = false;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
@@ -172,8 +169,6 @@ int main(int argc, char** argv) {
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
-    else if (a == "--q-norm-in-gemv") q_hn = true;
-    else if (a == "--q-lora-norm-in-gemv") qr_hn = true;
     else if (a == "--router-gemm") router_gemm = true;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
@@ -207,8 +202,6 @@ int main(int argc, char** argv) {
     o.f16_activations = f16_act;
     o.hc_one_kernel = hc_one_kernel;
     o.kv_row_on_side = kv_side;
-    o.q_norm_in_gemv = q_hn;
-    o.q_lora_norm_in_gemv = qr_hn;
     o.router_gemm = router_gemm;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);

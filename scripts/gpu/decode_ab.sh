@@ -43,12 +43,6 @@ BENCH_FLAGS=("$@")
 [ -n "${GEMV_WARPS_AB:-}" ] && ab gemv-warps4 "with 4-warp GEMV blocks (--gemv-warps 4)" --gemv-warps 4
 # WAVE_DIV_AB="2 4": the GEMV / MoE decode grids sized to 1/N of the resident slots (--wave-div N).
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
-# Q_GEMV_AB=1: q's norms as GEMV epilogues, each alone and both.
-if [ -n "${Q_GEMV_AB:-}" ]; then
-  ab q-norm-in-gemv "with q's heads norm / RoPE as wq_b's GEMV epilogue (--q-norm-in-gemv)" --q-norm-in-gemv
-  ab q-lora-norm-in-gemv "with q_norm as the stacked GEMV's epilogue (--q-lora-norm-in-gemv)" --q-lora-norm-in-gemv
-  ab q-norms-in-gemv "with both (--q-norm-in-gemv --q-lora-norm-in-gemv)" --q-norm-in-gemv --q-lora-norm-in-gemv
-fi
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 # PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, without and with the router's fp32

@@ -216,10 +216,10 @@ class GpuEngine : public ::testing::Test {
     return worst_all;
   }
 
-  // Bitwise equality of two GPU runs.
   // Chunked prefill of `chunk` tokens per step against the CPU (ChunkedPrefillMatchesCpu).
   static void chunked_prefill_matches_cpu(int chunk, bool router_gemm);
 
+  // Bitwise equality of two GPU runs.
   static void expect_identical(const char* what, const std::vector<GreedyRun>& a, const std::vector<GreedyRun>& b) {
     for (size_t i = 0; i < a.size(); ++i) {
       size_t differ = 0;
@@ -359,8 +359,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 }
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
-// by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side) and q's norms as GEMV epilogues (q_norm_in_gemv, q_lora_norm_in_gemv).
+// by events, also inside the captured graphs) computes exactly what one stream does; so does the window KV row
+// on the third stream (kv_row_on_side).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -378,11 +378,6 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row on the side, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, KV row on the side, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    // q's heads norm / RoPE as wq_b's GEMV epilogue, q_norm as the stacked GEMV's (the double sums' order aside)
-    two.q_norm_in_gemv = two.q_lora_norm_in_gemv = true;
-    expect_identical(graphs ? "selective model, kernels, fp8 KV, q norms in the GEMVs, vs one stream (graphs)"
-                            : "selective model, kernels, fp8 KV, q norms in the GEMVs, vs one stream (eager)",
-                     gpu(1, two, c, 40), want);
   }
 }
 
@@ -392,24 +387,21 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
 // prefill GEMM.
 // Same functions as the token-by-token path, so the same bounds: exact mode on the selective model (5e-4,
 // argmax identical at every step), kernels on the continuous model (2e-2).
-// Chunked prefill of `chunk` tokens per step: the selective model in exact mode and the continuous model with
-// the kernels and fp8 KV, each against the CPU.
 void GpuEngine::chunked_prefill_matches_cpu(int chunk, bool router_gemm) {
   const std::string what = "chunked prefill " + std::to_string(chunk) + (router_gemm ? " (router gemm)" : "");
   gpu::GpuOptions exact = test_options(KvDtype::kF32, true);
   exact.prefill_chunk = chunk;
   exact.router_gemm = router_gemm;
   const auto& cs = cpu(1, KvDtype::kF32);
-  compare(("selective model, exact, " + what + ", f32 KV vs CPU:").c_str(), gpu(1, exact, cs),
-                     cs, 5e-4, true);
+  compare(("selective model, exact, " + what + ", f32 KV vs CPU:").c_str(), gpu(1, exact, cs), cs, 5e-4, true);
   gpu::GpuOptions kern = test_options(KvDtype::kFP8);
   kern.prefill_chunk = chunk;
   kern.router_gemm = router_gemm;
   const auto& f32 = cpu(0, KvDtype::kF32);
   const auto& c8 = cpu(0, KvDtype::kFP8);
   const double dq = kv_quantization_effect("continuous model, fp8 KV", c8, f32);
-  compare(("continuous model, kernels, " + what + ", fp8 KV vs CPU fp8 KV:").c_str(),
-                     gpu(0, kern, f32), c8, 2e-2 + 2 * dq, false);
+  compare(("continuous model, kernels, " + what + ", fp8 KV vs CPU fp8 KV:").c_str(), gpu(0, kern, f32), c8,
+          2e-2 + 2 * dq, false);
 }
 
 TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {

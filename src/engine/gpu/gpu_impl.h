@@ -71,9 +71,6 @@ struct Scratch {
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int* hc_counter;          // cuda::HcArgs::counter of the main stream's hc_pre / hc_head (zeroed at allocation)
-  // [heads + 1] cudalin::HeadNormRope::counters: wq_b's GEMV (GpuOptions::q_norm_in_gemv), then the stacked
-  // wq_a | wkv GEMV's q_norm (q_lora_norm_in_gemv); zeroed at allocation, re-armed by the kernels.
-  int* q_norm_counters;
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [logits_cap, vocab] (logits: the same on the device)
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
@@ -191,16 +188,13 @@ struct GpuModel::Impl {
   void ffn(int li, int T, const X16Formats& x16);
   // y = x · Wᵀ: the weight-streaming GEMV (16-bit activations) where it applies, else the fp32 glue linear.
   // xb: x already cast (by the kernel that wrote x); cast here into s.xb when absent or of the other format.
-  // hn: the GEMV's head norm / RoPE epilogue; the caller checks that it applies (gemv path, T <= 64, FP8).
-  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {},
-           const cudalin::HeadNormRope* hn = nullptr);
+  void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {});
   // The 16-bit copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
   uint16_t* x_bf16() const;
   // y = x · Wᵀ over T rows of 16-bit activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
   // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16; bf16 only).
-  // hn: cudalin::gemv's head norm / RoPE epilogue (up to 64 rows only).
   void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy,
-              bool f16 = false, const cudalin::HeadNormRope* hn = nullptr);
+              bool f16 = false);
   bool use_gemv(const DevLinear& wt) const;
   // Whether a T-token step feeds wt's GEMV f16 activations (GpuOptions::f16_activations, FP8, <= 64 tokens).
   bool h16(const DevLinear& wt, int T) const;

@@ -49,9 +49,7 @@ bool GpuModel::Impl::moe_h16(int li, int T) const {
          cudalin::linear_kernel_version() == 2 && w.layers[li].experts_fit_f16;
 }
 
-void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb,
-                         const cudalin::HeadNormRope* hn) {
-  if (hn && !use_gemv(wt)) fail("GPU forward: the GEMV head epilogue without the GEMV (internal error)");
+void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb) {
   if (!use_gemv(wt)) {
     glue::linear(wt.g, 0, wt.rows, x, T, ldx, y, ldy, stream);
     return;
@@ -62,7 +60,7 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
     else cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     xb = {s.xb, f16};
   }
-  matmul(wt.d, xb.p, ldx, T, y, ldy, f16, hn);
+  matmul(wt.d, xb.p, ldx, T, y, ldy, f16);
 }
 
 uint16_t* GpuModel::Impl::x_bf16() const {
@@ -70,14 +68,12 @@ uint16_t* GpuModel::Impl::x_bf16() const {
 }
 
 void GpuModel::Impl::matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y,
-                            int64_t ldy, bool f16, const cudalin::HeadNormRope* hn) {
+                            int64_t ldy, bool f16) {
   if (T <= 64) {
-    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16, {},
-                  hn ? *hn : cudalin::HeadNormRope{});
+    cudalin::gemv(w, xb, ldx, T, y, ldy, ws, stream, f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
     return;
   }
   if (f16) fail("GPU forward: f16 activations above 64 tokens (internal error)");
-  if (hn) fail("GPU forward: the GEMV head epilogue above 64 tokens (internal error)");
   // Compute-bound: dequantize once (exact), then a bf16 tensor-core GEMM. s.wbuf exists whenever a step can
   // exceed 64 tokens (alloc_scratch) and holds the largest FP8/MXFP4 weight.
   cudalin::dequant_to_bf16(w, s.wbuf, stream);
@@ -215,16 +211,8 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   // GpuOptions::kv_row_on_side: on the compressor's stream once the stacked GEMV has written kv (joined with
   // the compressor, ev_join2, before the slot lists).
   const bool kv_side = qkv_stacked && par_comp && opt.kv_row_on_side;
-  // The 16-bit copy for wq_b and index wq_b, written with the normalized q_lora rows.
-  const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
-  // GpuOptions::q_lora_norm_in_gemv: q_norm (into s.qr and qrb) as the stacked GEMV's epilogue.
-  const bool qr_hn = opt.q_lora_norm_in_gemv && qkv_stacked && T <= 64 &&
-                     cudalin::gemv_head_norm_applies(L.wq_a_wkv.d, qlr, 1);
   if (qkv_stacked) {
-    const cudalin::HeadNormRope qn{.head_rows = qlr, .groups = 1, .weight = L.q_norm, .eps = eps,
-                                   .counters = s.q_norm_counters + H, .out = s.qr, .ld_out = qlr,
-                                   .out16 = const_cast<uint16_t*>(qrb.p), .out16_f16 = qrb.f16};
-    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb, qr_hn ? &qn : nullptr);
+    lin(L.wq_a_wkv, s.x, D, T, s.qkv, qlr + hd, xb);
     qr_in = s.qkv, kv_in = s.qkv + qlr, qr_ld = kv_ld = qlr + hd;
   } else {
     lin(L.wq_a, s.x, D, T, s.qr, qlr, xb);
@@ -234,22 +222,16 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
     encode_kv();
   }
-  if (!qr_hn)
-    glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p),
-                       qrb.f16);
+  // The 16-bit copy for wq_b and index wq_b, written here.
+  const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
+  glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p), qrb.f16);
   if (par) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
     index_from_q(qrb);
   }
-  // GpuOptions::q_norm_in_gemv: the per-head RMSNorm and RoPE of q as the wq_b GEMV's epilogue.
-  const bool q_hn = opt.q_norm_in_gemv && T <= 64 && use_gemv(L.wq_b) && cudalin::gemv_head_norm_applies(L.wq_b.d, hd);
-  const cudalin::HeadNormRope hn{
-      .head_rows = hd, .pos = pos, .inv_freq = freq, .n_freq = n_freq, .eps = eps, .counters = s.q_norm_counters};
-  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb, q_hn ? &hn : nullptr);
-  if (!q_hn)
-    glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false,
-                          stream);
+  lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
+  glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
   mark(li, "q");
 
   if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);

@@ -107,8 +107,6 @@ void GpuModel::Impl::alloc_scratch() {
   s.hc_ws = dalloc(cuda::hc_workspace_bytes(static_cast<int>(T), D));
   s.hc_counter = static_cast<int*>(dalloc(sizeof(int)));
   cuda::check(cudaMemset(s.hc_counter, 0, sizeof(int)), "zero the hc counter");
-  s.q_norm_counters = static_cast<int*>(dalloc(sizeof(int) * (c->num_attention_heads + 1)));
-  cuda::check(cudaMemset(s.q_norm_counters, 0, sizeof(int) * (c->num_attention_heads + 1)), "zero the q norm counters");
   s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
   s.logits_host = static_cast<float*>(halloc(sizeof(float) * logits_cap * V));
   s.next = static_cast<int32_t*>(dalloc(sizeof(int32_t) * 2 * T));

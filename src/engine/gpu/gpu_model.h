@@ -63,16 +63,6 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
-  // Experiment, off (lost on the H200): the per-head RMSNorm and RoPE of q as the epilogue of wq_b's GEMV
-  // (cudalin::HeadNormRope: the last block to finish a head normalizes it) instead of a glue::heads_norm_rope
-  // launch between wq_b and the attention. Steps of <= 64 tokens on the GEMV path. Same results (the double
-  // sum of squares in another order; CudaGemv.HeadNormRopeEpilogue checks bit for bit). Run 29, batch-1 step
-  // in the same run: 7.269 -> 7.300 ms (the last block of each head does the head alone, at the GEMV's tail).
-  bool q_norm_in_gemv = false;
-  // Experiment, off (lost): q_norm (the q_lora rows' RMSNorm and their 16-bit copy for wq_b) as the epilogue
-  // of the stacked wq_a | wkv GEMV instead of a glue::rmsnorm_rows launch. Same results (as above). Run 29:
-  // 7.269 -> 7.394 ms; both on: 7.440 ms.
-  bool q_lora_norm_in_gemv = false;
   // Experiment, off (written in the ninth session, not yet run on a GPU): in steps of more than 64 tokens the
   // router's BF16 linear through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened to fp32, no TF32)
   // instead of the fp32 glue linear, which streams the weight once per 8 tokens. Run 38's prefill profile

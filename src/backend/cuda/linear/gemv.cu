@@ -13,7 +13,6 @@
 
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
-#include "backend/cuda/rope.cuh"
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/linear_cuda.h"
 #include "backend/cuda/linear/stream.cuh"
@@ -42,7 +41,6 @@ struct GemvArgs {
   // Optional 16-bit copy of y (same indexing and stride) for a linear that reads this output next.
   uint16_t* y16 = nullptr;
   bool y16_f16 = false;
-  HeadNormRope hn{};  // the gemv2_kernel<..., HN = true> epilogue
 };
 
 // y[i] = v, and its 16-bit copy (round to nearest even) when asked for.
@@ -68,57 +66,6 @@ __device__ __forceinline__ void finish_split_k(const GemvArgs& a, int64_t row0, 
     store_y(a, tok * a.ldy + row0 + r, v);
   }
   if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next launch
-}
-
-// The HeadNormRope epilogue, called by the whole block once its rows [r0, r0 + n) of y are final for every
-// token (n divides head_rows: blocks cover aligned runs of 16 .. 128 rows and head_rows is a multiple of 128,
-// so no block straddles two heads). The last of the head's head_rows / n blocks (arrival counter, as
-// finish_split_k) reads the head back through L2 and applies glue::heads_norm_rope's / rmsnorm_rows'
-// arithmetic: the double sum of squares, r = 1 / sqrtf(float(ss / rows) + eps), w * (v * r) or v * r, then
-// rope_rotate of the last 2 * n_freq rows in pairs. Each thread rotates whole pairs it scaled itself, so no
-// barrier separates the two.
-template <int MW>
-__device__ void head_norm_rope(const GemvArgs& a, int64_t r0, int64_t n) {
-  __shared__ double red[MW];
-  __shared__ int last;
-  const HeadNormRope& hn = a.hn;
-  const int64_t h = r0 / hn.head_rows;
-  if (h >= (hn.groups ? hn.groups : a.N / hn.head_rows)) return;  // rows past the groups (block-uniform)
-  if (!cuda::ptx::last_block_to_arrive(&hn.counters[h], static_cast<int>(hn.head_rows / n), last)) return;
-  const int rows = static_cast<int>(hn.head_rows), nope = rows - 2 * hn.n_freq;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t ld_o = hn.out ? hn.ld_out : a.ldy;
-  const float* wt = hn.weight;
-  for (int tok = 0; tok < a.T; ++tok) {
-    const float* v = a.y + tok * a.ldy + h * rows;
-    float* o = (hn.out ? hn.out : a.y) + tok * ld_o + h * rows;
-    uint16_t* o16 = hn.out16 ? hn.out16 + tok * ld_o + h * rows : nullptr;
-    auto put = [&](int i, float x) {
-      o[i] = x;
-      if (o16) o16[i] = cuda::ptx::act16_bits_rn(x, hn.out16_f16);
-    };
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-      const double x = __ldcg(v + i);
-      ss += x * x;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    ss = 0.0;
-    for (int w = 0; w < MW; ++w) ss += red[w];
-    const float r = 1.0f / sqrtf(static_cast<float>(ss / rows) + hn.eps);
-    auto norm = [&](int i) { return wt ? wt[i] * (__ldcg(v + i) * r) : __ldcg(v + i) * r; };
-    for (int i = threadIdx.x; i < nope; i += blockDim.x) put(i, norm(i));
-    for (int j = threadIdx.x; j < hn.n_freq; j += blockDim.x) {
-      const int i = nope + 2 * j;
-      const float2 rot = cuda::rope_rotate(norm(i), norm(i + 1), hn.pos[tok], hn.inv_freq[j], false);
-      put(i, rot.x), put(i + 1, rot.y);
-    }
-    __syncthreads();  // red is reused by the next token (and every read of y precedes the next token's writes)
-  }
-  if (threadIdx.x == 0) hn.counters[h] = 0;  // ready for the next launch
 }
 
 template <bool FP4, int NT, int CPW>
@@ -192,8 +139,7 @@ constexpr int gemv_stages() { return FP4 ? 6 : 4; }
 template <bool FP4, int MW>
 constexpr int gemv2_smem() { return MW * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
 
-// HN: the HeadNormRope epilogue (its own instantiations, so the other kernels are unchanged).
-template <bool FP4, int NT, bool H16, int MW, bool HN = false>
+template <bool FP4, int NT, bool H16, int MW>
 __global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
   extern __shared__ uint4 ring[];
   __shared__ float red[MW][128];
@@ -231,16 +177,10 @@ __global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_k
       else a.partial[(int64_t(blockIdx.y) * a.T + tok) * a.N + int64_t(tt) * 16 + r] = v[0];
     }
   });
-  if (a.gy == 1) {
-    if constexpr (HN) head_norm_rope<MW>(a, int64_t(blockIdx.x) * tpb * 16, int64_t(tpb) * 16);
-    return;
-  }
+  if (a.gy == 1) return;
   // gy > 1: one tile per block (ksb = MW); the last block of the tile adds the gy partials in order.
   const int64_t row0 = int64_t(blockIdx.x) * 16;
   finish_split_k(a, row0, last);
-  if constexpr (HN) {
-    if (last) head_norm_rope<MW>(a, row0, 16);  // `last` is block-uniform
-  }
 }
 
 }  // namespace
@@ -254,17 +194,6 @@ struct Gemv2 {
     return n;
   }
   static void run(dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-    if constexpr (!FP4) {
-      if (a.hn.head_rows) {
-        // The epilogue's own instantiation needs its > 48 KB opt-in too (blocks_per_sm sets it), once.
-        static const int hn_blocks =
-            blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW, true>, MW * 32, gemv2_smem<FP4, MW>());
-        (void)hn_blocks;
-        launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW, true>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb,
-                           ks_total);
-        return;
-      }
-    }
     launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb, ks_total);
   }
 };
@@ -353,8 +282,7 @@ void workspace_destroy(Workspace& ws) {
 
 namespace {
 void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride, ActFormat act, Out16 y16,
-               const HeadNormRope& hn = {}) {
+               cudaStream_t stream, int64_t group_rows, int64_t group_x_stride, ActFormat act, Out16 y16) {
   require_supported_device();
   const bool fp4 = w.fmt == WeightFormat::kFP4, h16 = act == ActFormat::kF16;
   if (!fp4 && w.fmt != WeightFormat::kFP8Block)
@@ -370,23 +298,12 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     throw Error(str_cat("cuda gemv: activations must be 16-byte aligned with a row stride multiple of 8 (ldx ", ldx, ")"));
   const int C = static_cast<int>(w.cols / 128), tiles = static_cast<int>(w.rows / 16);
   const bool fp4_scale_aligned = !fp4 || reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
-  if (hn.head_rows && !gemv_head_norm_applies(w, hn.head_rows, hn.groups))
-    throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs FP8 weights (16-byte aligned, v2 ",
-                        "kernels) with heads of a multiple of 128 rows inside the weight's; weight [", w.rows, ", ",
-                        w.cols, "], ", hn.groups, " heads of ", hn.head_rows, " rows"));
-  if (hn.head_rows && (y16.p || group_rows || !hn.counters || hn.n_freq < 0 || 2 * hn.n_freq > hn.head_rows ||
-                       (hn.n_freq > 0 && (!hn.inv_freq || !hn.pos)) ||
-                       (hn.out && hn.ld_out < (hn.groups ? hn.groups : w.rows / hn.head_rows) * hn.head_rows)))
-    throw Error(str_cat("cuda gemv: the head norm / RoPE epilogue needs counters, positions and inverse ",
-                        "frequencies for ", hn.n_freq, " pairs (at most half a head of ", hn.head_rows,
-                        " rows), an output stride covering the heads (", hn.ld_out,
-                        "), and neither an Out16 copy nor groups"));
   if (g_version == 2 && fp4_scale_aligned && reinterpret_cast<uintptr_t>(w.w) % 16 == 0) {
     // K split: the largest power of two (<= C) whose grid still fits in one wave of resident blocks (beyond
     // 8 splits per tile, grid.y > 1 with the extra reduction round trip: measured still faster for the small
     // shapes, docs/GEMM_MOE.md).
     GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, 1,
-               group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16, hn};
+               group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
     auto cap = [&](auto mw) {
       constexpr int MW = decltype(mw)::value;
       return wave_blocks(fp4   ? gemv2_occupancy<true, false, MW>(T)
@@ -421,14 +338,8 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
 }  // namespace
 
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream, ActFormat act, Out16 y16, const HeadNormRope& hn) {
-  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0, act, y16, hn);
-}
-
-bool gemv_head_norm_applies(const DevWeight& w, int64_t head_rows, int groups) {
-  return w.fmt == WeightFormat::kFP8Block && g_version == 2 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0 &&
-         head_rows > 0 && head_rows % 128 == 0 && groups >= 0 &&
-         (groups ? groups * head_rows <= w.rows : w.rows % head_rows == 0);
+          cudaStream_t stream, ActFormat act, Out16 y16) {
+  gemv_impl(w, x, ldx, T, y, ldy, ws, stream, 0, 0, act, y16);
 }
 
 void gemv_grouped(const DevWeight& w, int64_t group_rows, int64_t group_x_stride, const uint16_t* x, int64_t ldx,

@@ -55,40 +55,12 @@ struct Out16 {
   ActFormat fmt = ActFormat::kBf16;
 };
 
-// Optional epilogue of gemv (an experiment: exact, but slower in the engine, GpuOptions::q_norm_in_gemv): an
-// RMSNorm per head of y, and RoPE, as glue::heads_norm_rope(norm, not inverse) or glue::rmsnorm_rows apply
-// them, done by the last block to finish each head (an arrival counter per head, as the split-K reduction
-// does per tile) instead of a launch of its own. Head h < groups of token t is
-// y[t, h * head_rows .. (h + 1) * head_rows): o = weight[i] * (y * r) (or y * r unweighted),
-// r = 1 / sqrt(mean(y^2) + eps), then its last 2 * n_freq rows rotated in pairs by pos[t] * inv_freq[i]; o goes
-// back into y, or to out (and its 16-bit copy to out16). The same float arithmetic
-// (backend/cuda/rope.cuh, act16_bits_rn); the sum of squares in double in another order, so bit for bit unless
-// mean(y^2) lies within ~2^-50 of a float rounding boundary. FP8 weights, no Out16 copy of y, head_rows a
-// multiple of 128, groups * head_rows <= w.rows, 2 * n_freq <= head_rows. Rows past the groups stay as the
-// GEMV wrote them.
-struct HeadNormRope {
-  int64_t head_rows = 0;  // 0: no epilogue
-  int groups = 0;         // heads normalized from row 0; 0: w.rows / head_rows (which must divide)
-  const float* weight = nullptr;   // [head_rows], or nullptr: unweighted
-  const int64_t* pos = nullptr;    // [T]; needed when n_freq > 0
-  const float* inv_freq = nullptr;  // [n_freq]
-  int n_freq = 0;
-  float eps = 0.0f;
-  int* counters = nullptr;  // [groups] arrival counters, zero between launches (the last block re-arms)
-  float* out = nullptr;     // [T, groups * head_rows] (row stride ld_out), or nullptr: in place in y
-  int64_t ld_out = 0;
-  uint16_t* out16 = nullptr;  // optional 16-bit copy of the normalized rows (stride ld_out, or ldy in place)
-  bool out16_f16 = false;
-};
-
 // Decode-shaped GEMM: y[t, r] = sum_k x[t, k] * W[r, k] for t < T (1..64), every r < w.rows.
 // x: bf16 (or f16, FP8 weights only) [T, w.cols] (row stride ldx elements), y: fp32 (row stride ldy). FP8 or
 // MXFP4 weights; rows a multiple of 16, cols a multiple of 128 (other shapes fail with a message naming the
 // shape).
 void gemv(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float* y, int64_t ldy, Workspace& ws,
-          cudaStream_t stream, ActFormat act = ActFormat::kBf16, Out16 y16 = {}, const HeadNormRope& hn = {});
-// Whether gemv takes the HeadNormRope epilogue for weight w with `groups` heads of head_rows rows (0: all).
-bool gemv_head_norm_applies(const DevWeight& w, int64_t head_rows, int groups = 0);
+          cudaStream_t stream, ActFormat act = ActFormat::kBf16, Out16 y16 = {});
 
 // Grouped form, one launch for a block-diagonal product such as the grouped output projection wo_a:
 // y[t, r] = sum_k x[t, g*group_x_stride + k] * W[r, k] with g = r / group_rows, for every r < w.rows
