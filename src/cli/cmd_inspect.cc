@@ -26,7 +26,7 @@ int cmd_inspect(int argc, char** argv) {
   const long long sequences = a.get_int("sequences", 1);
   if (context < 0 || sequences < 1) fail("--context must be >= 0 and --sequences >= 1");
   const long long chunk_arg = a.get_int("chunk", 0);
-  if (chunk_arg < 0 || chunk_arg > (1 << 30)) fail("--chunk must be in 0 .. 2^30");
+  if (chunk_arg < 0 || chunk_arg > 8192) fail("--chunk must be in 0 .. 8192 (the GPU engine's range)");
   if (sequences > (1 << 20)) fail("--sequences must be at most 2^20");
   const int chunk = chunk_arg == 0 ? kDefaultCudaPrefillChunk : static_cast<int>(chunk_arg);
   auto model = Model::load(resolve_model_dir(a.get("model")), opt);
