@@ -45,11 +45,12 @@ BENCH_FLAGS=("$@")
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
-# PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, without and with the router's fp32
-# cuBLAS GEMM (--router-gemm): tok/s, the memory line, and the chunk profile's router and expert rows.
+# PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, with the router's fp32 cuBLAS GEMM (the
+# default) and with the glue linear (--router-glue): tok/s, the memory line, the chunk profile's router and
+# expert rows.
 for c in ${PREFILL_AB:-}; do
-  for f in "" --router-gemm; do
-    echo "== prefill 8192 in chunks of $c ${f:-(default router)}"
+  for f in "" --router-glue; do
+    echo "== prefill 8192 in chunks of $c ${f:-(default)}"
     $BIN --model "$CK" --batches 1 --prompt 16 --decode 4 --prefill 8192 --prefill-chunk "$c" $f "${BENCH_FLAGS[@]}" \
       2> "$R/prefill$c$f.err" | grep -E "^prefill [0-9]+ tokens, chunks|^prefill chunk profile|^  router |^  routed_experts|^memory"
   done

@@ -63,12 +63,12 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
-  // Experiment, off (written in the ninth session, not yet run on a GPU): in steps of more than 64 tokens the
-  // router's BF16 linear through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened to fp32, no TF32)
-  // instead of the fp32 glue linear, which streams the weight once per 8 tokens. Run 38's prefill profile
-  // (chunks of 2048 at V4-Flash width): the router took 9.5% of the chunk, ~1 ms per layer for 2.1 GFLOP.
-  // Same function up to fp32 summation order.
-  bool router_gemm = false;
+  // In steps of more than 64 tokens the router's BF16 linear runs through cuBLAS in fp32 (cudalin::gemm_f32 on
+  // the weight widened exactly to fp32, CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear,
+  // which streams the weight once per 8 tokens. Same function up to fp32 summation order. H200 run 39 (chunks
+  // of 2048 at V4-Flash width): the router's share of a chunk 39.5 -> 6.7 ms over 42 layers, 8K prefill
+  // 4,772 -> 4,806 tok/s (it overlaps the shared expert's side stream). Off: the glue linear at every size.
+  bool router_gemm = true;
 };
 
 struct SlotPool;
