@@ -8,7 +8,7 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
-//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--router-glue]
+//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--router-glue] [--moe-prefill-bf16]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -27,6 +27,7 @@
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
 // --router-glue: GpuOptions::router_gemm off (steps of > 64 tokens keep the router's fp32 glue linear instead of
 //   cuBLAS in fp32).
+// --moe-prefill-bf16: GpuOptions::moe_prefill_f16 off (steps of > 64 tokens run the routed experts in bf16).
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
 //   tokens (default 1): off, w2, w13 or all (the default).
 #include <cuda_runtime.h>
@@ -131,7 +132,7 @@ int main(int argc, char** argv) {
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true;
-  bool router_gemm = true;
+  bool router_gemm = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -171,6 +172,7 @@ int main(int argc, char** argv) {
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--router-glue") router_gemm = false;
+    else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
       const std::string v = next(), kind = v.substr(0, v.find(':'));
@@ -204,6 +206,7 @@ int main(int argc, char** argv) {
     o.hc_one_kernel = hc_one_kernel;
     o.kv_row_on_side = kv_side;
     o.router_gemm = router_gemm;
+    o.moe_prefill_f16 = moe_prefill_f16;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

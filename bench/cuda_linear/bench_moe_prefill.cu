@@ -3,14 +3,17 @@
 // cublasGemmStridedBatchedEx over all 256 experts with M = T*6/256 rows each, w1|w3 as one [4096, 4096]
 // GEMM (bf16 out) then w2 [4096, 2048] (fp32 out) -- the same FLOPs as ours (6 * T*top_k * hidden * inter),
 // with every expert exactly equally loaded (the best case for the peer) and its weights already bf16.
-// Ours includes everything: permutation, both GEMMs with in-kernel dequantization, SwiGLU, combine.
-// Usage: bench_cuda_moe_prefill [--quick]
+// Ours includes everything: permutation, both GEMMs with in-kernel dequantization, SwiGLU, combine; in bf16
+// (moe_prefill on bf16 x) and in f16 (moe_prefill_f16 on fp32 x, its f16 cast included).
+// Usage: bench_cuda_moe_prefill [--quick | --profile T]
+//   --profile T: one bf16 and one f16 call at T tokens (heuristic tile width) and nothing else, for a profiler.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -52,6 +55,12 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed, float amp) {
   }
 }
 
+// fp32 uniform in [-amp, amp)
+__global__ void fill_f32(float* p, size_t n, uint32_t seed, float amp) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = ((hash32(i, seed) >> 8) * (1.0f / 16777216.0f) * 2.f - 1.f) * amp;
+}
+
 struct Timer {
   cudaEvent_t a, b;
   Timer() { cudaEventCreate(&a), cudaEventCreate(&b); }
@@ -78,10 +87,12 @@ struct Timer {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int profile_T = argc > 2 && std::strcmp(argv[1], "--profile") == 0 ? std::atoi(argv[2]) : 0;
   cudalin::MoeShape s;  // V4-Flash defaults: 4096, 2048, 256, 6, limit 10
   const int H = s.hidden, I = s.inter, E = s.n_experts, K = s.top_k;
   const int reps = quick ? 3 : 10;
   std::vector<int> Ts = {512, 2048, 8192};
+  if (profile_T > 0 && profile_T <= 8192) Ts = {profile_T};
   const int maxT = 8192;
 
   // MXFP4 experts in one allocation.
@@ -106,8 +117,10 @@ int main(int argc, char** argv) {
 
   uint16_t* x;
   int32_t* didx;
-  float *dw, *out;
+  float *dw, *out, *x32;
   ok(cudaMalloc(&x, size_t(maxT) * H * 2), "x");
+  ok(cudaMalloc(&x32, size_t(maxT) * H * 4), "x32");
+  fill_f32<<<2048, 256>>>(x32, size_t(maxT) * H, 98, 1.f);
   ok(cudaMalloc(&didx, size_t(maxT) * K * 4), "idx");
   ok(cudaMalloc(&dw, size_t(maxT) * K * 4), "w");
   ok(cudaMalloc(&out, size_t(maxT) * H * 4), "out");
@@ -149,6 +162,7 @@ int main(int argc, char** argv) {
   struct Row {
     int T, M;
     double ours, peer, peer1, peer2, sweep[3], sweep1[3];  // sweep1: pipeline 1 (cp.async ring)
+    double f16, sweep16[3];                                 // moe_prefill_f16
   };
   std::vector<Row> rows;
   for (int T : Ts) {
@@ -168,6 +182,13 @@ int main(int argc, char** argv) {
     ok(cudaMemcpy(dw, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice), "w up");
     Row r{};
     r.T = T, r.M = T * K / E;
+    if (profile_T) {
+      cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr);
+      cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr);
+      ok(cudaDeviceSynchronize(), "profile calls");
+      std::printf("profiled T=%d: one bf16 and one f16 call\n", T);
+      return 0;
+    }
     r.ours = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     const int tn[3] = {32, 64, 128};
     for (int i = 0; i < 3; ++i) {
@@ -180,7 +201,13 @@ int main(int argc, char** argv) {
       r.sweep1[i] = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     }
     cudalin::set_moe_prefill_pipeline(0);
+    auto f16 = [&] { cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr); };
+    for (int i = 0; i < 3; ++i) {
+      cudalin::set_moe_prefill_tile_n(tn[i]);
+      r.sweep16[i] = tm.median_us(reps, f16);
+    }
     cudalin::set_moe_prefill_tile_n(0);
+    r.f16 = tm.median_us(reps, f16);
     ok(cudaGetLastError(), "ours");
 
     const int M = r.M;
@@ -201,7 +228,7 @@ int main(int argc, char** argv) {
     r.peer2 = tm.median_us(reps, g2);
     r.peer = tm.median_us(reps, [&] { g1(), g2(); });
     rows.push_back(r);
-    std::printf("T=%d done: ours %.1f us, peer %.1f us\n", T, r.ours, r.peer);
+    std::printf("T=%d done: ours %.1f us (f16 %.1f), peer %.1f us\n", T, r.ours, r.f16, r.peer);
     std::fflush(stdout);
   }
 
@@ -212,13 +239,21 @@ int main(int argc, char** argv) {
   std::printf("| T | rows/expert | ours (us) | ours TFLOP/s | cuBLAS bf16 batched (us) | cuBLAS TFLOP/s | ours/cuBLAS "
               "speed | weight floor ours / bf16 (us) | tile 32 / 64 / 128 (us) | pipeline 1: tile 32 / 64 / 128 (us) | "
               "cuBLAS w13 / w2 (us) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::string f16_rows;
   for (const Row& r : rows) {
     const double flops = 6.0 * r.T * K * double(H) * I;
     std::printf("| %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f "
                 "| %.1f / %.1f |\n", r.T, r.M, r.ours, flops / r.ours * 1e-6, r.peer, flops / r.peer * 1e-6,
                 r.peer / r.ours, fp4_bytes / copy_bw * 1e6, bf16_bytes / copy_bw * 1e6, r.sweep[0], r.sweep[1],
                 r.sweep[2], r.sweep1[0], r.sweep1[1], r.sweep1[2], r.peer1, r.peer2);
+    char line[256];
+    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T, r.ours,
+                  r.f16, flops / r.f16 * 1e-6, r.ours / r.f16, r.peer / r.f16, r.sweep16[0], r.sweep16[1], r.sweep16[2]);
+    f16_rows += line;
   }
+  std::printf("\nmoe_prefill_f16 (x fp32 -> f16 in the call, f16 weights and MMAs), same routes:\n| T | bf16 (us) | f16 (us) | "
+              "f16 TFLOP/s | f16 speed-up | f16 / cuBLAS speed | f16 tile 32 / 64 / 128 (us) |\n"
+              "|---|---|---|---|---|---|---|\n%s", f16_rows.c_str());
   cudalin::moe_prefill_workspace_destroy(ws);
   cublasDestroy(hb);
   return 0;

@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2
 status=0
 exe=$(find $B -name test_cuda_moe_prefill -type f -perm -u+x | head -1)
 t0=$(date +%s)
-OMP_NUM_THREADS=$JOBS timeout 75 "$exe" > "$FINAL/test.log" 2>&1
+OMP_NUM_THREADS=$JOBS timeout 150 "$exe" > "$FINAL/test.log" 2>&1
 rc=$?
 echo "test: $(( $(date +%s) - t0 )) s rc=$rc"
 if [ $rc -ne 0 ]; then
@@ -36,10 +36,10 @@ bench=$(find $B -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)
 timeout 60 "$bench" $QUICK > "$FINAL/bench.log" 2>&1 || { echo "bench failed"; tail -8 "$FINAL/bench.log"; status=1; }
 
 echo "== test lines (worst first by model error)"
-grep -E "^moe_prefill hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
-grep -E "^moe_prefill hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
-echo "cases run: $(grep -c '^moe_prefill hidden' "$FINAL/test.log")"
-grep -E "^moe_prefill (vs moe_decode|graph)" "$FINAL/test.log"
+grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
+grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
+echo "cases run: $(grep -c '^moe_prefill(_f16)? hidden' "$FINAL/test.log")"
+grep -E "^moe_prefill(_f16)? (vs moe_decode|graph)" "$FINAL/test.log"
 grep -c "bit-identical to the default: yes" "$FINAL/test.log" | sed 's/^/tile widths and pipelines bit-identical: /'
 grep -c "bit-identical to the default: no" "$FINAL/test.log" | sed 's/^/tile widths and pipelines differing: /'
 grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.log"

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <string>
@@ -217,7 +218,8 @@ class GpuEngine : public ::testing::Test {
   }
 
   // Chunked prefill of `chunk` tokens per step against the CPU (ChunkedPrefillMatchesCpu).
-  static void chunked_prefill_matches_cpu(int chunk, bool router_gemm);
+  static void chunked_prefill_matches_cpu(int chunk, const std::string& variant = {},
+                                          const std::function<void(gpu::GpuOptions&)>& tweak = {});
 
   // Bitwise equality of two GPU runs.
   static void expect_identical(const char* what, const std::vector<GreedyRun>& a, const std::vector<GreedyRun>& b) {
@@ -387,16 +389,18 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
 // prefill GEMM.
 // Same functions as the token-by-token path, so the same bounds: exact mode on the selective model (5e-4,
 // argmax identical at every step), kernels on the continuous model (2e-2).
-void GpuEngine::chunked_prefill_matches_cpu(int chunk, bool router_gemm) {
-  const std::string what = "chunked prefill " + std::to_string(chunk) + (router_gemm ? "" : " (router glue linear)");
+// variant names what tweak changes in the options of both runs.
+void GpuEngine::chunked_prefill_matches_cpu(int chunk, const std::string& variant,
+                                            const std::function<void(gpu::GpuOptions&)>& tweak) {
+  const std::string what = "chunked prefill " + std::to_string(chunk) + variant;
   gpu::GpuOptions exact = test_options(KvDtype::kF32, true);
   exact.prefill_chunk = chunk;
-  exact.router_gemm = router_gemm;
+  if (tweak) tweak(exact);
   const auto& cs = cpu(1, KvDtype::kF32);
   compare(("selective model, exact, " + what + ", f32 KV vs CPU:").c_str(), gpu(1, exact, cs), cs, 5e-4, true);
   gpu::GpuOptions kern = test_options(KvDtype::kFP8);
   kern.prefill_chunk = chunk;
-  kern.router_gemm = router_gemm;
+  if (tweak) tweak(kern);
   const auto& f32 = cpu(0, KvDtype::kF32);
   const auto& c8 = cpu(0, KvDtype::kFP8);
   const double dq = kv_quantization_effect("continuous model, fp8 KV", c8, f32);
@@ -406,14 +410,21 @@ void GpuEngine::chunked_prefill_matches_cpu(int chunk, bool router_gemm) {
 
 TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  for (int chunk : {48, 200}) chunked_prefill_matches_cpu(chunk, true);
+  for (int chunk : {48, 200}) chunked_prefill_matches_cpu(chunk);
 }
 
 // GpuOptions::router_gemm off: the router's fp32 glue linear also in steps of > 64 tokens (the 200-token
 // chunks); on (the default) it is cuBLAS in fp32 there.
 TEST_F(GpuEngine, RouterGemmChunkedPrefillMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  chunked_prefill_matches_cpu(200, false);
+  chunked_prefill_matches_cpu(200, " (router glue linear)", [](gpu::GpuOptions& o) { o.router_gemm = false; });
+}
+
+// GpuOptions::moe_prefill_f16 off: the routed experts of the 200-token chunks through the bf16 moe_prefill
+// instead of moe_prefill_f16 (the default, in ChunkedPrefillMatchesCpu).
+TEST_F(GpuEngine, MoePrefillBf16ChunkedPrefillMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  chunked_prefill_matches_cpu(200, " (bf16 MoE prefill)", [](gpu::GpuOptions& o) { o.moe_prefill_f16 = false; });
 }
 
 // A prompt whose logits are all wanted, longer than the logits rows a step may carry (max_seqs + 512,

@@ -15,6 +15,9 @@
 // Determinism: two launches give bit-identical outputs, so do all tile widths and both pipelines; a CUDA-graph
 // replay (no host synchronization inside moe_prefill) with new routes written into the same idx buffer matches
 // a direct launch bit for bit.
+// moe_prefill_f16 (x and h in f16, weights converted exactly to f16): f16 rounds 8x finer than bf16, so the same
+// bounds hold against the float64 model that rounds x and h to f16 (x is given f16-exact here) and against
+// moe_decode's f16 path (ActFormat::kF16); each case runs in both formats.
 #include <algorithm>
 #include <memory>
 #include <numeric>
@@ -35,10 +38,14 @@ struct Inputs {
   std::vector<uint16_t> xb;
   std::vector<int32_t> idx;
 };
-Inputs make_inputs(std::mt19937_64& rng, const cudalin::MoeShape& s, int T, Route route, float x_scale) {
+// xb: the 16-bit bits of x (f16 when f16, else bf16), xf: their exact values.
+Inputs make_inputs(std::mt19937_64& rng, const cudalin::MoeShape& s, int T, Route route, float x_scale, bool f16 = false) {
   Inputs in;
   random_bf16(rng, size_t(T) * s.hidden, in.xf, in.xb);
-  for (size_t i = 0; i < in.xf.size(); ++i) in.xb[i] = f32_to_bf16(in.xf[i] * x_scale), in.xf[i] = bf16_to_f32(in.xb[i]);
+  for (size_t i = 0; i < in.xf.size(); ++i) {
+    if (f16) in.xb[i] = f32_to_f16(in.xf[i] * x_scale), in.xf[i] = f16_to_f32(in.xb[i]);
+    else in.xb[i] = f32_to_bf16(in.xf[i] * x_scale), in.xf[i] = bf16_to_f32(in.xb[i]);
+  }
   in.idx = make_routes(rng, route, T, s);
   in.wts.resize(in.idx.size());
   std::uniform_real_distribution<float> wd(0.05f, 0.5f);
@@ -46,10 +53,13 @@ Inputs make_inputs(std::mt19937_64& rng, const cudalin::MoeShape& s, int T, Rout
   return in;
 }
 
-// Runs moe_prefill (tile width tile_n, 0 = heuristic) and returns out - prior.
+// Runs moe_prefill, or moe_prefill_f16 on the fp32 x when f16 (tile width tile_n, 0 = heuristic), and returns
+// out - prior.
 std::vector<float> run_prefill(const cudalin::MoeShape& s, const Experts& X, const Inputs& in, int T, bool accumulate,
-                               int tile_n, const std::vector<float>& prior, cudalin::MoePrefillWorkspace& ws) {
+                               int tile_n, const std::vector<float>& prior, cudalin::MoePrefillWorkspace& ws,
+                               bool f16 = false) {
   DevBuf<uint16_t> dx(in.xb);
+  DevBuf<float> dxf(in.xf);
   DevBuf<int32_t> didx(in.idx);
   DevBuf<float> dw(in.wts), dout(size_t(T) * s.hidden);
   if (accumulate) dout.upload(prior);
@@ -58,7 +68,8 @@ std::vector<float> run_prefill(const cudalin::MoeShape& s, const Experts& X, con
   ok(cudaMemset(ws.ybuf, 0xFF, size_t(T) * s.top_k * s.hidden * 4), "poison ybuf");
   ok(cudaMemset(ws.perm, 0xFF, size_t(T) * s.top_k * 4), "poison perm");
   cudalin::set_moe_prefill_tile_n(tile_n);
-  cudalin::moe_prefill(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
+  if (f16) cudalin::moe_prefill_f16(s, X.dev->p, dxf.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
+  else cudalin::moe_prefill(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, ws, nullptr);
   cudalin::set_moe_prefill_tile_n(0);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = dout.download();
@@ -70,7 +81,7 @@ std::vector<float> run_prefill(const cudalin::MoeShape& s, const Experts& X, con
 // The permutation (counts, offsets, pairs sorted by (expert, t, k)) against the host's, and h at a few
 // permuted positions against float64 (isolates the routing, the w1/w3 GEMM and the w2 GEMM when one fails).
 void check_internals(const cudalin::MoeShape& s, const Experts& X, const Inputs& in, int T,
-                     const cudalin::MoePrefillWorkspace& ws) {
+                     const cudalin::MoePrefillWorkspace& ws, bool f16) {
   const int P = T * s.top_k, E = s.n_experts;
   std::vector<int> counts(E), offsets(E + 1), perm(P);
   ok(cudaMemcpy(counts.data(), ws.counts, E * 4, cudaMemcpyDeviceToHost), "counts");
@@ -103,22 +114,26 @@ void check_internals(const cudalin::MoeShape& s, const Experts& X, const Inputs&
       const double L = s.swiglu_limit;
       if (L > 0) g = std::min(g, L), u = std::clamp(u, -L, L);
       const double ref = g / (1.0 + std::exp(-g)) * u * in.wts[p];
-      const double d = bf16_to_f32(h[size_t(pos) * s.inter + i]) - ref;
+      const uint16_t hb = h[size_t(pos) * s.inter + i];
+      const double d = (f16 ? f16_to_f32(hb) : bf16_to_f32(hb)) - ref;
       num += d * d, den += ref * ref;
     }
     const double rel = std::sqrt(num / std::max(den, 1e-300));
     if (rel > 4e-3) std::printf("  h at position %d (pair %d, expert %d): rel err %.3g\n", pos, p, e, rel);
-    EXPECT_LE(rel, 4e-3) << "h (bf16) at permuted position " << pos;  // bf16 rounding: ~2^-9/sqrt(3)
+    EXPECT_LE(rel, 4e-3) << "h at permuted position " << pos;  // bf16 rounding: ~2^-9/sqrt(3) (f16: 8x less)
   }
 }
 
-void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, bool accumulate, uint64_t salt,
-              bool vs_decode = false) {
+void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, bool accumulate, uint64_t salt,
+                 bool vs_decode, bool f16) {
   SCOPED_TRACE(::testing::Message() << "hidden " << s.hidden << " inter " << s.inter << " E " << s.n_experts << " T "
-                                    << T << " route " << int(route) << " x_scale " << x_scale);
+                                    << T << " route " << int(route) << " x_scale " << x_scale << " f16 " << f16);
   std::mt19937_64 rng(seed() ^ (salt * 0x9E3779B97F4A7C15ull));
   Experts X = make_experts(rng, s);
-  const Inputs in = make_inputs(rng, s, T, route, x_scale);
+  const Inputs in = make_inputs(rng, s, T, route, x_scale, f16);
+  if (f16) {
+    ASSERT_TRUE(cudalin::moe_scales_fit_f16(s, X.dev->p, nullptr)) << "test experts' scales outside [104, 136]";
+  }
   std::vector<float> prior(size_t(T) * s.hidden, 0.f);
   if (accumulate) {
     std::normal_distribution<float> nd;
@@ -127,7 +142,7 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
 
   // References.
   const std::vector<double> cpu_d = cpu_moe(s, X, in.xf, T, in.idx, in.wts);
-  const std::vector<double> model = model_moe(s, X, in.xf, T, in.idx, in.wts);
+  const std::vector<double> model = model_moe(s, X, in.xf, T, in.idx, in.wts, f16);
   const std::vector<double> ones(model.size(), 1.0);
   double maxref = 0;
   for (double v : model) maxref = std::max(maxref, std::fabs(v));
@@ -136,13 +151,14 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
   std::vector<float> first;
   for (int pipe : {0, 1})
     for (int tile_n : {0, 32, 64, 128}) {
+      if (f16 && pipe == 1) continue;  // the f16 path has one pipeline
       cudalin::set_moe_prefill_pipeline(pipe);
-      const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws);
+      const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
       cudalin::set_moe_prefill_pipeline(0);
       const ErrStats ec = compare(got, cpu_d, ones), em = compare(got, model, ones);
-      std::printf("moe_prefill hidden=%d inter=%d E=%d T=%d route=%d pipe=%d tile=%d: vs cpu::moe_forward %.3g, vs "
-                  "float64 model %.3g, max err/max|ref| %.3g\n", s.hidden, s.inter, s.n_experts, T, int(route), pipe,
-                  tile_n, ec.rel_norm, em.rel_norm, em.worst / std::max(maxref, 1e-300));
+      std::printf("moe_prefill%s hidden=%d inter=%d E=%d T=%d route=%d pipe=%d tile=%d: vs cpu::moe_forward %.3g, vs "
+                  "float64 model %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "", s.hidden, s.inter, s.n_experts, T,
+                  int(route), pipe, tile_n, ec.rel_norm, em.rel_norm, em.worst / std::max(maxref, 1e-300));
       EXPECT_EQ(em.non_finite, 0) << "unwritten or non-finite outputs, pipe " << pipe << " tile " << tile_n;
       EXPECT_LE(ec.rel_norm, 5e-3) << "pipe " << pipe << " tile " << tile_n;
       EXPECT_LE(em.rel_norm, 2e-4) << "pipe " << pipe << " tile " << tile_n;
@@ -156,15 +172,16 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
           }
       }
       if (pipe == 0 && tile_n == 0) {
-        check_internals(s, X, in, T, ws);
+        check_internals(s, X, in, T, ws, f16);
         first = got;
-        const std::vector<float> again = run_prefill(s, X, in, T, accumulate, 0, prior, ws);
+        const std::vector<float> again = run_prefill(s, X, in, T, accumulate, 0, prior, ws, f16);
         EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * 4), 0) << "not bit-reproducible";
       } else {
         // Every output element sees the same MMA sequence over K whatever the tile width or pipeline, so the
         // results are bit-identical (measured on the H200 for the tile widths, 2026-11-30).
         const bool same = std::memcmp(first.data(), got.data(), got.size() * 4) == 0;
-        std::printf("moe_prefill pipe=%d tile=%d bit-identical to the default: %s\n", pipe, tile_n, same ? "yes" : "no");
+        std::printf("moe_prefill%s pipe=%d tile=%d bit-identical to the default: %s\n", f16 ? "_f16" : "", pipe, tile_n,
+                    same ? "yes" : "no");
         EXPECT_TRUE(same) << "pipe " << pipe << " tile " << tile_n << " differs from the default";
       }
     }
@@ -177,7 +194,8 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
     if (accumulate) dout.upload(prior);
     else dout.poison();
     cudalin::MoeWorkspace dws = cudalin::moe_workspace_create(s, T);
-    cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, dws, nullptr);
+    cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, accumulate, dws, nullptr,
+                        f16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     cudalin::moe_workspace_destroy(dws);
     std::vector<float> dec = dout.download();
@@ -185,12 +203,19 @@ void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, boo
       for (size_t i = 0; i < dec.size(); ++i) dec[i] -= prior[i];
     const std::vector<double> dec_d(dec.begin(), dec.end());
     const ErrStats ed = compare(first, dec_d, ones);
-    std::printf("moe_prefill vs moe_decode T=%d: rel %.3g, max err/max|ref| %.3g\n", T, ed.rel_norm,
-                ed.worst / std::max(maxref, 1e-300));
+    std::printf("moe_prefill%s vs moe_decode T=%d: rel %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "", T,
+                ed.rel_norm, ed.worst / std::max(maxref, 1e-300));
     EXPECT_EQ(ed.non_finite, 0);
     EXPECT_LE(ed.rel_norm, 2e-4);
     EXPECT_LE(ed.worst, 2e-3 * maxref);
   }
+}
+
+// Each case in bf16 (moe_prefill) and in f16 (moe_prefill_f16), on separate fresh inputs.
+void run_case(const cudalin::MoeShape& s, int T, Route route, float x_scale, bool accumulate, uint64_t salt,
+              bool vs_decode = false) {
+  run_case_in(s, T, route, x_scale, accumulate, salt, vs_decode, false);
+  run_case_in(s, T, route, x_scale, accumulate, salt ^ 0xF16, vs_decode, true);
 }
 
 TEST(CudaMoePrefill, RandomRoutes) {
@@ -229,14 +254,14 @@ TEST(CudaMoePrefill, FullFlashWidth) {
 
 // Captured into a CUDA graph (fails if moe_prefill synchronized with or read from the host), replayed after
 // new routes and weights are written into the same device buffers: bit-identical to a direct launch.
-TEST(CudaMoePrefill, GraphReplay) {
-  DSV4_REQUIRE_GPU();
+void graph_replay(bool f16) {
   const cudalin::MoeShape s = small_shape();
   const int T = 300;
   std::mt19937_64 rng(seed() ^ 0x5151);
   Experts X = make_experts(rng, s);
-  const Inputs a = make_inputs(rng, s, T, Route::kRandom, 1.f), b = make_inputs(rng, s, T, Route::kLoads01All, 1.f);
+  const Inputs a = make_inputs(rng, s, T, Route::kRandom, 1.f, f16), b = make_inputs(rng, s, T, Route::kLoads01All, 1.f, f16);
   DevBuf<uint16_t> dx(a.xb);
+  DevBuf<float> dxf(a.xf);
   DevBuf<int32_t> didx(a.idx);
   DevBuf<float> dw(a.wts), dout(size_t(T) * s.hidden);
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(s, T);
@@ -245,26 +270,33 @@ TEST(CudaMoePrefill, GraphReplay) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
-  cudalin::moe_prefill(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, false, ws, st);
+  if (f16) cudalin::moe_prefill_f16(s, X.dev->p, dxf.p, didx.p, dw.p, T, dout.p, false, ws, st);
+  else cudalin::moe_prefill(s, X.dev->p, dx.p, didx.p, dw.p, T, dout.p, false, ws, st);
   ok(cudaStreamEndCapture(st, &graph), "end capture");
   ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   // Replay on inputs b.
-  dx.upload(b.xb), didx.upload(b.idx), dw.upload(b.wts);
+  dx.upload(b.xb), dxf.upload(b.xf), didx.upload(b.idx), dw.upload(b.wts);
   dout.poison();
   ok(cudaGraphLaunch(exec, st), "graph launch");
   ok(cudaStreamSynchronize(st), "graph sync");
   const std::vector<float> via_graph = dout.download();
-  const std::vector<float> direct = run_prefill(s, X, b, T, false, 0, {}, ws);
+  const std::vector<float> direct = run_prefill(s, X, b, T, false, 0, {}, ws, f16);
   EXPECT_EQ(std::memcmp(via_graph.data(), direct.data(), direct.size() * 4), 0) << "graph replay differs";
-  const std::vector<double> model = model_moe(s, X, b.xf, T, b.idx, b.wts);
+  const std::vector<double> model = model_moe(s, X, b.xf, T, b.idx, b.wts, f16);
   const ErrStats em = compare(via_graph, model, std::vector<double>(model.size(), 1.0));
-  std::printf("moe_prefill graph replay T=%d: vs float64 model %.3g\n", T, em.rel_norm);
+  std::printf("moe_prefill%s graph replay T=%d: vs float64 model %.3g\n", f16 ? "_f16" : "", T, em.rel_norm);
   EXPECT_EQ(em.non_finite, 0);
   EXPECT_LE(em.rel_norm, 2e-4);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
   cudalin::moe_prefill_workspace_destroy(ws);
+}
+
+TEST(CudaMoePrefill, GraphReplay) {
+  DSV4_REQUIRE_GPU();
+  graph_replay(false);
+  graph_replay(true);
 }
 
 TEST(CudaMoePrefill, ShapeErrors) {
@@ -276,6 +308,10 @@ TEST(CudaMoePrefill, ShapeErrors) {
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(small_shape(), 8);
   EXPECT_THROW(cudalin::moe_prefill(small_shape(), nullptr, nullptr, nullptr, nullptr, 9, nullptr, false, ws, nullptr),
                Error);
+  EXPECT_THROW(cudalin::moe_prefill_f16(small_shape(), nullptr, nullptr, nullptr, nullptr, 9, nullptr, false, ws, nullptr),
+               Error);
+  EXPECT_THROW(cudalin::moe_prefill_f16(small_shape(), nullptr, nullptr, nullptr, nullptr, 8, nullptr, false, ws, nullptr),
+               Error);  // x null
   cudalin::moe_prefill_workspace_destroy(ws);
 }
 

@@ -358,6 +358,8 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     if (T <= 64)
       cudalin::moe_decode(shape, L.experts, x16.moe ? s.xhx : xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream,
                           x16.moe ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
+    else if (opt.f16_activations && opt.moe_prefill_f16 && L.experts_fit_f16)  // chunked prefill, f16 (x from fp32)
+      cudalin::moe_prefill_f16(shape, L.experts, s.x, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
     else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")
       cudalin::moe_prefill(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
   } else {

@@ -69,6 +69,11 @@ struct GpuOptions {
   // of 2048 at V4-Flash width): the router's share of a chunk 39.5 -> 6.7 ms over 42 layers, 8K prefill
   // 4,772 -> 4,806 tok/s (it overlaps the shared expert's side stream). Off: the glue linear at every size.
   bool router_gemm = true;
+  // With f16_activations, steps of more than 64 tokens run the routed experts through cudalin::moe_prefill_f16
+  // (x and h in f16, weights converted exactly to f16, f16 MMAs: moe_decode's f16 numerics) in layers whose
+  // expert scales allow it (DevLayer::experts_fit_f16); its weight conversion takes half the instructions of
+  // the bf16 one. Off: cudalin::moe_prefill on the bf16 copy of x.
+  bool moe_prefill_f16 = true;
 };
 
 struct SlotPool;

@@ -209,8 +209,8 @@ struct MoePrefillWorkspace {
   int* offsets = nullptr;   // [E+1]
   int* tiles = nullptr;     // int2 {expert, first row} per token tile of the GEMMs
   int* n_tiles = nullptr;   // [1]
-  uint16_t* h = nullptr;    // bf16 [T*top_k, inter] in permuted order
-  float* ybuf = nullptr;    // fp32 [T*top_k, hidden], row = pair id
+  uint16_t* h = nullptr;    // bf16 (f16: moe_prefill_f16) [T*top_k, inter] in permuted order
+  float* ybuf = nullptr;    // fp32 [T*top_k, hidden], row = pair id (moe_prefill_f16: first x in f16)
 };
 MoePrefillWorkspace moe_prefill_workspace_create(const MoeShape& s, int max_tokens);
 void moe_prefill_workspace_destroy(MoePrefillWorkspace& ws);
@@ -221,6 +221,13 @@ void moe_prefill_workspace_destroy(MoePrefillWorkspace& ws);
 // Pairs whose expert id is outside [0, n_experts) contribute nothing. Bit-reproducible.
 void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                  const float* weights, int T, float* out, bool accumulate, MoePrefillWorkspace& ws, cudaStream_t stream);
+// The same in f16 (moe_decode's ActFormat::kF16 numerics): x, given in fp32 [T, hidden], is rounded to f16 in
+// the workspace, the weights are converted exactly to f16 (every UE8M0 scale byte must lie in [104, 136]: check
+// with moe_scales_fit_f16 at load), f16 MMAs, h rounded to f16 (an |x| or |h| past 65504 becomes inf).
+// Half the weight-conversion instructions of the bf16 path. Bit-reproducible.
+void moe_prefill_f16(const MoeShape& s, const DevExpert* experts, const float* x, const int32_t* idx,
+                     const float* weights, int T, float* out, bool accumulate, MoePrefillWorkspace& ws,
+                     cudaStream_t stream);
 
 // Test/benchmark knob: token rows per GEMM tile (32, 64 or 128); 0 restores the heuristic (from T*top_k/E).
 void set_moe_prefill_tile_n(int n);

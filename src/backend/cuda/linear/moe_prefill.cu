@@ -165,9 +165,22 @@ __device__ __forceinline__ void fp4_word_to_bf16(uint32_t w, const dev::Fp4Scale
   o[3] = dev::fp4_apply(dev::prmt(p2, p3, 0x7632), s);  // (n6, n7)
 }
 
+// The f16 path (F16): 8 e2m1 weights -> 4 f16x2 words in natural k order, exact for UE8M0 scale bytes in
+// [104, 136] (frag.cuh: each nibble becomes an e4m3 worth 2^-6 times its value, cvt.rn.f16x2.e4m3x2 converts a
+// pair exactly, one f16 multiply by factor = 2^(e-121) applies the scale). Half the instructions of the bf16
+// conversion above: the bf16 one builds each pair from shifted masks and needs two multiplies per pair.
+__device__ __forceinline__ void fp4_word_to_f16(uint32_t w, uint32_t factor, uint32_t (&o)[4]) {
+  const uint32_t ev = dev::e2m1_even_e4m3(w), od = dev::e2m1_odd_e4m3(w);  // (n0, n2, n4, n6), (n1, n3, n5, n7)
+  const uint32_t lo = dev::prmt(ev, od, 0x5140), hi = dev::prmt(ev, od, 0x7362);  // (n0..n3), (n4..n7)
+  o[0] = dev::hmul2(dev::e4m3x2_f16_lo(lo), factor);  // (n0, n1)
+  o[1] = dev::hmul2(dev::e4m3x2_f16_hi(lo), factor);  // (n2, n3)
+  o[2] = dev::hmul2(dev::e4m3x2_f16_lo(hi), factor);  // (n4, n5)
+  o[3] = dev::hmul2(dev::e4m3x2_f16_hi(hi), factor);  // (n6, n7)
+}
+
 struct GemmArgs {
   const DevExpert* experts;
-  const uint16_t* act;   // GATE: x bf16 [T, hidden]; else h bf16 [P, inter] in permuted order
+  const uint16_t* act;   // GATE: x [T, hidden]; else h [P, inter] in permuted order (bf16, or f16 with F16)
   int K;                 // reduction length (GATE: hidden, else inter)
   int n_out;             // output features (GATE: inter, else hidden)
   int top_k;
@@ -177,7 +190,7 @@ struct GemmArgs {
   const int2* tiles;     // {expert, first row inside the expert}
   const int* n_tiles;
   const float* weights;  // [P] routing weights (GATE)
-  uint16_t* h;           // GATE out: bf16 [P, inter]
+  uint16_t* h;           // GATE out: bf16 (f16 with F16) [P, inter]
   float* ybuf;           // down out: fp32 [P, hidden], row = pair id
   float limit;
 };
@@ -191,8 +204,10 @@ struct GemmArgs {
 // for both the raw MXFP4 bytes (+ their scale word) and B, S-1 k-tiles in flight; every thread dequantizes
 // exactly the raw bytes it copied itself (so cp.async.wait_group suffices, no extra barrier) into a
 // double-buffered bf16 A tile; one __syncthreads per k-tile.
-template <int BN, bool GATE, int PIPE>
+// F16 (PIPE = 0 only): activations, weights and h in f16 (fp4_word_to_f16), f16 MMAs; otherwise bf16.
+template <int BN, bool GATE, int PIPE, bool F16 = false>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
+  static_assert(!F16 || PIPE == 0, "the f16 path runs on the default pipeline only");
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   constexpr int NT = BN / 16;          // n8 tiles per warp (warp covers BN/2 tokens)
   constexpr int NB = BN * 8 / kThreads;  // 16-byte B chunks per thread per stage
@@ -248,13 +263,23 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
     sc = __ldg(ssrc + kt * 2);
   };
   auto stA = [&](const uint4& r, uint32_t sc, int stage) {
-    const dev::Fp4Scale s = dev::fp4_scale(sc);
     const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
+    if constexpr (F16) {
+      const uint32_t factor = dev::fp4_f16_factor(sc);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t o[4];
-      fp4_word_to_bf16(wd[q], s, o);
-      st_shared_v4(sA + stage * kAStage + tile_off(row_a, half * 4 + q), o[0], o[1], o[2], o[3]);
+      for (int q = 0; q < 4; ++q) {
+        uint32_t o[4];
+        fp4_word_to_f16(wd[q], factor, o);
+        st_shared_v4(sA + stage * kAStage + tile_off(row_a, half * 4 + q), o[0], o[1], o[2], o[3]);
+      }
+    } else {
+      const dev::Fp4Scale s = dev::fp4_scale(sc);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t o[4];
+        fp4_word_to_bf16(wd[q], s, o);
+        st_shared_v4(sA + stage * kAStage + tile_off(row_a, half * 4 + q), o[0], o[1], o[2], o[3]);
+      }
     }
   };
   auto cpB = [&](int kt, int stage) {
@@ -292,7 +317,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) dev::mma(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+        for (int j = 0; j < NT; ++j) {
+          if constexpr (F16) dev::mma_f16(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+          else dev::mma(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+        }
     }
   };
 
@@ -383,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
           if (a.limit > 0.f) gv = fminf(gv, a.limit), uv = fminf(fmaxf(uv, -a.limit), a.limit);
           const float hv = gv / (1.0f + expf(-gv)) * uv * s_w[col];
           const int f = blockIdx.x * (kBM / 2) + 16 * wm + g + 8 * hh;
-          a.h[size_t(pos0 + col) * a.n_out + f] = cuda::ptx::act16_bits_rn(hv, false);
+          a.h[size_t(pos0 + col) * a.n_out + f] = cuda::ptx::act16_bits_rn(hv, F16);
         } else {
           const size_t yrow = size_t(s_pair[col]) * a.n_out;
 #pragma unroll
@@ -424,10 +452,10 @@ constexpr int pipe_slots() {
   return BN == 128 ? 3 : 4;
 }
 
-template <int BN, bool GATE, int PIPE>
+template <int BN, bool GATE, int PIPE, bool F16 = false>
 void set_smem_attr() {  // dynamic shared memory above 48 KB needs the opt-in (per device; not a stream op)
   static_assert(gemm_smem<BN, PIPE>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
-  check_cuda(cudaFuncSetAttribute(moe_gemm_kernel<BN, GATE, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  check_cuda(cudaFuncSetAttribute(moe_gemm_kernel<BN, GATE, PIPE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   gemm_smem<BN, PIPE>()),
              "moe_prefill smem attribute");
 }
@@ -435,17 +463,25 @@ void set_smem_attr() {  // dynamic shared memory above 48 KB needs the opt-in (p
 template <int BN>
 void set_smem_attrs() {
   set_smem_attr<BN, true, 0>(), set_smem_attr<BN, false, 0>();
+  set_smem_attr<BN, true, 0, true>(), set_smem_attr<BN, false, 0, true>();
   set_smem_attr<BN, true, pipe_slots<BN>()>(), set_smem_attr<BN, false, pipe_slots<BN>()>();
 }
 
-template <int BN, bool GATE, int PIPE>
+template <int BN, bool GATE, int PIPE, bool F16 = false>
 void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
-  check_cuda(cuda::launch(moe_gemm_kernel<BN, GATE, PIPE>, dim3(grid_x, max_tiles), dim3(kThreads), gemm_smem<BN, PIPE>(), stream, a), "moe_gemm_kernel launch");
+  check_cuda(cuda::launch(moe_gemm_kernel<BN, GATE, PIPE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
+                          gemm_smem<BN, PIPE>(), stream, a),
+             "moe_gemm_kernel launch");
 }
 
+// The w1/w3 then the w2 GEMM: f16 (default pipeline), or bf16 on the default or the opt-in pipeline.
 template <int BN>
-void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe, cudaStream_t st) {
-  if (pipe) {
+void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe, bool f16,
+                 cudaStream_t st) {
+  if (f16) {
+    launch_gemm<BN, true, 0, true>(g1, gx1, max_tiles, st);
+    launch_gemm<BN, false, 0, true>(g2, gx2, max_tiles, st);
+  } else if (pipe) {
     launch_gemm<BN, true, pipe_slots<BN>()>(g1, gx1, max_tiles, st);
     launch_gemm<BN, false, pipe_slots<BN>()>(g2, gx2, max_tiles, st);
   } else {
@@ -509,8 +545,12 @@ void moe_prefill_workspace_destroy(MoePrefillWorkspace& ws) {
   ws = MoePrefillWorkspace{};
 }
 
-void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx, const float* weights,
-                 int T, float* out, bool accumulate, MoePrefillWorkspace& ws, cudaStream_t stream) {
+namespace {
+// x16: bf16 x, or (x32 set) nullptr: x32 is rounded to f16 into the workspace's ybuf, which the w2 GEMM only
+// writes after the w1/w3 GEMM has read x.
+void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_t* x16, const float* x32,
+                      const int32_t* idx, const float* weights, int T, float* out, bool accumulate,
+                      MoePrefillWorkspace& ws, cudaStream_t stream) {
   require_supported_device();
   check_shape(s, "moe_prefill");
   const MoeShape& w = ws.shape;
@@ -524,6 +564,11 @@ void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x,
   const int max_tiles = (P + BN - 1) / BN + std::min(E, P);  // >= sum over experts of ceil(count / BN)
   if (max_tiles > 65535) throw Error(str_cat("cuda moe_prefill: T = ", T, " needs ", max_tiles, " tile rows (> 65535)"));
 
+  const bool f16 = x32 != nullptr;
+  if (f16) {
+    cast_f32_to_f16(x32, reinterpret_cast<uint16_t*>(ws.ybuf), int64_t(T) * s.hidden, stream);
+    x16 = reinterpret_cast<const uint16_t*>(ws.ybuf);
+  }
   check_cuda(cudaMemsetAsync(ws.mark, 0, size_t(E) * ldm, stream), "moe_prefill memset");
   check_cuda(cuda::launch(mark_kernel, dim3((T + 255) / 256), dim3(256), 0, stream, idx, T, K, E, ldm, ws.mark), "mark_kernel launch");
   check_cuda(cuda::launch(rank_kernel, dim3(E), dim3(256), 0, stream, idx, ws.mark, T, K, ldm, ws.rank, ws.counts), "rank_kernel launch");
@@ -537,18 +582,31 @@ void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x,
   a.tiles = reinterpret_cast<const int2*>(ws.tiles), a.n_tiles = ws.n_tiles;
   a.weights = weights, a.h = ws.h, a.ybuf = ws.ybuf, a.limit = s.swiglu_limit;
   GemmArgs g1 = a, g2 = a;
-  g1.act = x, g1.K = s.hidden, g1.n_out = s.inter;
+  g1.act = x16, g1.K = s.hidden, g1.n_out = s.inter;
   g2.act = ws.h, g2.K = s.inter, g2.n_out = s.hidden;
   const int gx1 = s.inter / (kBM / 2), gx2 = s.hidden / kBM;
   const bool pipe = g_pipeline == 1;
   switch (BN) {
-    case 32: launch_both<32>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
-    case 64: launch_both<64>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
-    default: launch_both<128>(g1, gx1, g2, gx2, max_tiles, pipe, stream); break;
+    case 32: launch_both<32>(g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
+    case 64: launch_both<64>(g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
+    default: launch_both<128>(g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
   }
   const int64_t n4 = int64_t(T) * s.hidden / 4;
   check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 8192))), dim3(256), 0, stream, 
       ws.ybuf, idx, T, K, E, s.hidden, out, accumulate), "combine_kernel launch");
+}
+}  // namespace
+
+void moe_prefill(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx, const float* weights,
+                 int T, float* out, bool accumulate, MoePrefillWorkspace& ws, cudaStream_t stream) {
+  moe_prefill_impl(s, experts, x, nullptr, idx, weights, T, out, accumulate, ws, stream);
+}
+
+void moe_prefill_f16(const MoeShape& s, const DevExpert* experts, const float* x, const int32_t* idx,
+                     const float* weights, int T, float* out, bool accumulate, MoePrefillWorkspace& ws,
+                     cudaStream_t stream) {
+  if (T > 0 && !x) throw Error("cuda moe_prefill_f16: x is null");
+  moe_prefill_impl(s, experts, nullptr, x, idx, weights, T, out, accumulate, ws, stream);
 }
 
 }  // namespace dsv4::cudalin
