@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
     int T, M;
     double ours, peer, peer1, peer2, sweep[3], sweep1[3];  // sweep1: pipeline 1 (cp.async ring)
     double f16, sweep16[3];                                 // moe_prefill_f16
+    double k2, k2f16, sweep2f16[3];                         // GEMM kernel 2: bf16, f16 (heuristic), f16 per tile
   };
   std::vector<Row> rows;
   for (int T : Ts) {
@@ -183,10 +184,13 @@ int main(int argc, char** argv) {
     Row r{};
     r.T = T, r.M = T * K / E;
     if (profile_T) {
-      cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr);
-      cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr);
+      for (int kernel : {1, 2}) {
+        cudalin::set_moe_prefill_kernel(kernel);
+        cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr);
+        cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr);
+      }
       ok(cudaDeviceSynchronize(), "profile calls");
-      std::printf("profiled T=%d: one bf16 and one f16 call\n", T);
+      std::printf("profiled T=%d: one bf16 and one f16 call with each GEMM kernel\n", T);
       return 0;
     }
     r.ours = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
@@ -208,6 +212,15 @@ int main(int argc, char** argv) {
     }
     cudalin::set_moe_prefill_tile_n(0);
     r.f16 = tm.median_us(reps, f16);
+    cudalin::set_moe_prefill_kernel(2);
+    for (int i = 0; i < 3; ++i) {
+      cudalin::set_moe_prefill_tile_n(tn[i]);
+      r.sweep2f16[i] = tm.median_us(reps, f16);
+    }
+    cudalin::set_moe_prefill_tile_n(0);
+    r.k2f16 = tm.median_us(reps, f16);
+    r.k2 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    cudalin::set_moe_prefill_kernel(1);
     ok(cudaGetLastError(), "ours");
 
     const int M = r.M;
@@ -239,7 +252,7 @@ int main(int argc, char** argv) {
   std::printf("| T | rows/expert | ours (us) | ours TFLOP/s | cuBLAS bf16 batched (us) | cuBLAS TFLOP/s | ours/cuBLAS "
               "speed | weight floor ours / bf16 (us) | tile 32 / 64 / 128 (us) | pipeline 1: tile 32 / 64 / 128 (us) | "
               "cuBLAS w13 / w2 (us) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string f16_rows;
+  std::string f16_rows, k2_rows;
   for (const Row& r : rows) {
     const double flops = 6.0 * r.T * K * double(H) * I;
     std::printf("| %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f "
@@ -250,10 +263,18 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T, r.ours,
                   r.f16, flops / r.f16 * 1e-6, r.ours / r.f16, r.peer / r.f16, r.sweep16[0], r.sweep16[1], r.sweep16[2]);
     f16_rows += line;
+    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T,
+                  r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
+                  r.sweep2f16[1], r.sweep2f16[2]);
+    k2_rows += line;
   }
   std::printf("\nmoe_prefill_f16 (x fp32 -> f16 in the call, f16 weights and MMAs), same routes:\n| T | bf16 (us) | f16 (us) | "
               "f16 TFLOP/s | f16 speed-up | f16 / cuBLAS speed | f16 tile 32 / 64 / 128 (us) |\n"
               "|---|---|---|---|---|---|---|\n%s", f16_rows.c_str());
+  std::printf("\nGEMM kernel 2 (set_moe_prefill_kernel(2): weights straight into MMA fragments), same routes:\n| T | "
+              "kernel 1 f16 (us) | kernel 2 bf16 (us) | kernel 2 f16 (us) | kernel 2 f16 TFLOP/s | speed-up over kernel 1 "
+              "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) |\n|---|---|---|---|---|---|---|---|\n%s",
+              k2_rows.c_str());
   cudalin::moe_prefill_workspace_destroy(ws);
   cublasDestroy(hb);
   return 0;

@@ -50,24 +50,13 @@ if [ -n "${LINBENCH:-}" ]; then
     > "$OUT/linbench.txt" 2>&1
   echo "linbench rc=$?" >> "$OUT/linbench.txt"
 fi
-# MOEP_BENCH=1: the MoE prefill benchmark (bench_cuda_moe_prefill: bf16 and f16 against cuBLAS bf16 batched);
-# MOEP_NCU="2048": then Nsight Compute sections (speed of light, warp stalls, occupancy, scheduler) of its four
-# GEMM kernels (bf16 and f16, w1/w3 and w2) at that T, into moep-ncu.txt.
+# MOEP_BENCH=1: the MoE prefill benchmark (bench_cuda_moe_prefill: bf16 and f16, both GEMM kernels, against
+# cuBLAS bf16 batched). Its Nsight Compute profile: scripts/gpu/run_moe_prefill.sh with MOEP_NCU=T.
 if [ -n "${MOEP_BENCH:-}" ]; then
   { cmake --build build-gpu -j "$JOBS" --target bench_cuda_moe_prefill &&
-    timeout ${MOEP_TIMEOUT:-120} "$(find build-gpu -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)"; } \
+    timeout ${MOEP_TIMEOUT:-150} "$(find build-gpu -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)"; } \
     > "$OUT/moep.txt" 2>&1
   echo "moe prefill bench rc=$?" >> "$OUT/moep.txt"
-  if [ -n "${MOEP_NCU:-}" ] && command -v ncu > /dev/null; then
-    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k "regex:moe_gemm_kernel" --section SpeedOfLight \
-      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
-      --section InstructionStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-      "$(find build-gpu -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)" --profile "$MOEP_NCU" \
-      > "$OUT/moep-ncu.txt" 2>&1
-    echo "moe prefill ncu rc=$?" >> "$OUT/moep.txt"
-    grep -E "moe_gemm_kernel|Duration|Compute \(SM\) Throughput|Issue Slots Busy|Issued Warp|No Eligible|Achieved Occupancy|stalled_(long|barrier|short|math|mio|wait|not_sel|dispatch|lg|tex|selected)" \
-      "$OUT/moep-ncu.txt" | head -80 >> "$OUT/moep.txt"
-  fi
 fi
 # DECODE_AB="--repeat-layers 21": batch-1 decode without PDL and the per-kernel ncu durations.
 [ -n "${DECODE_AB:-}" ] && BENCH_BUILD=build-gpu timeout ${DECODE_AB_TIMEOUT:-300} bash scripts/gpu/decode_ab.sh $DECODE_AB > "$OUT/decode_ab.txt" 2>&1

@@ -2,6 +2,8 @@
 # Builds and runs the MXFP4 MoE prefill test and benchmark (src/backend/cuda/linear/moe_prefill.cu) on the
 # GPU machine, from the repository root. Prints the test summary and the benchmark table last.
 # Usage: scripts/gpu/run_moe_prefill.sh [--quick]   (carry [".gpu-deps"]; logs under $OUT)
+# MOEP_NCU=2048: also Nsight Compute sections (speed of light, warp stalls, occupancy, scheduler) of the GEMM
+# kernels of one bf16 and one f16 call per GEMM kernel at that T (bench --profile), into ncu.txt; a summary prints.
 set -uo pipefail
 FINAL=${OUT:-build-gpu-moep/out}
 mkdir -p "$FINAL"
@@ -33,16 +35,28 @@ if [ $rc -ne 0 ]; then
 fi
 
 bench=$(find $B -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)
-timeout 60 "$bench" $QUICK > "$FINAL/bench.log" 2>&1 || { echo "bench failed"; tail -8 "$FINAL/bench.log"; status=1; }
+timeout ${MOEP_BENCH_TIMEOUT:-150} "$bench" $QUICK > "$FINAL/bench.log" 2>&1 || { echo "bench failed"; tail -8 "$FINAL/bench.log"; status=1; }
+if [ -n "${MOEP_NCU:-}" ] && command -v ncu > /dev/null; then
+  timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k "regex:moe_gemm_(v2_)?kernel" --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_(barrier|long_scoreboard|short_scoreboard|wait|math_pipe_throttle|mio_throttle)_per_issue_active\.ratio" \
+    "$bench" --profile "$MOEP_NCU" > "$FINAL/ncu.txt" 2>&1
+  echo "ncu rc=$?"
+fi
 
 echo "== test lines (worst first by model error)"
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
 echo "cases run: $(grep -c '^moe_prefill(_f16)? hidden' "$FINAL/test.log")"
-grep -E "^moe_prefill(_f16)? (vs moe_decode|graph)" "$FINAL/test.log"
+grep -E "^moe_prefill(_f16)? (kernel [12] vs moe_decode|graph)" "$FINAL/test.log"
 grep -c "bit-identical to the default: yes" "$FINAL/test.log" | sed 's/^/tile widths and pipelines bit-identical: /'
 grep -c "bit-identical to the default: no" "$FINAL/test.log" | sed 's/^/tile widths and pipelines differing: /'
 grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.log"
+if [ -f "$FINAL/ncu.txt" ]; then
+  echo "== ncu (T=$MOEP_NCU)"
+  grep -E "moe_gemm_(v2_)?kernel<|Duration|Issued Warp|Achieved Occupancy|Registers Per|stalled_" "$FINAL/ncu.txt" |
+    sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -120
+fi
 echo "== bench"
 grep -E "copy bandwidth" "$FINAL/bench.log"
 sed -n '/^MoE prefill/,$p' "$FINAL/bench.log"

@@ -18,9 +18,12 @@
 // moe_prefill_f16 (x and h in f16, weights converted exactly to f16): f16 rounds 8x finer than bf16, so the same
 // bounds hold against the float64 model that rounds x and h to f16 (x is given f16-exact here) and against
 // moe_decode's f16 path (ActFormat::kF16); each case runs in both formats.
+// GEMM kernel 2 (set_moe_prefill_kernel(2): weights converted straight into MMA fragments, another k order inside
+// each MMA) is held to the same bounds, and its tile widths to bit-identity among themselves.
 #include <algorithm>
 #include <memory>
 #include <numeric>
+#include <string>
 
 #include "backend/cpu/moe.h"
 #include "core/error.h"
@@ -148,43 +151,49 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
   for (double v : model) maxref = std::max(maxref, std::fabs(v));
 
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(s, T);
-  std::vector<float> first;
-  for (int pipe : {0, 1})
-    for (int tile_n : {0, 32, 64, 128}) {
-      if (f16 && pipe == 1) continue;  // the f16 path has one pipeline
-      cudalin::set_moe_prefill_pipeline(pipe);
-      const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
-      cudalin::set_moe_prefill_pipeline(0);
-      const ErrStats ec = compare(got, cpu_d, ones), em = compare(got, model, ones);
-      std::printf("moe_prefill%s hidden=%d inter=%d E=%d T=%d route=%d pipe=%d tile=%d: vs cpu::moe_forward %.3g, vs "
-                  "float64 model %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "", s.hidden, s.inter, s.n_experts, T,
-                  int(route), pipe, tile_n, ec.rel_norm, em.rel_norm, em.worst / std::max(maxref, 1e-300));
-      EXPECT_EQ(em.non_finite, 0) << "unwritten or non-finite outputs, pipe " << pipe << " tile " << tile_n;
-      EXPECT_LE(ec.rel_norm, 5e-3) << "pipe " << pipe << " tile " << tile_n;
-      EXPECT_LE(em.rel_norm, 2e-4) << "pipe " << pipe << " tile " << tile_n;
-      EXPECT_LE(em.worst, 2e-3 * maxref) << "pipe " << pipe << " tile " << tile_n;
-      if (em.rel_norm > 2e-4) {  // diagnostics: the first few elements far off
-        int shown = 0;
-        for (size_t i = 0; i < got.size() && shown < 4; ++i)
-          if (!(std::fabs(got[i] - model[i]) <= 1e-2 * maxref)) {
-            std::printf("  bad out[t=%zu, d=%zu] = %g, model %g\n", i / s.hidden, i % s.hidden, got[i], model[i]);
-            ++shown;
-          }
+  std::vector<float> first[3];  // by GEMM kernel: its default tile width's output
+  for (int kernel : {1, 2})
+    for (int pipe : {0, 1})
+      for (int tile_n : {0, 32, 64, 128}) {
+        if ((f16 || kernel == 2) && pipe == 1) continue;  // the opt-in pipeline exists for kernel 1 in bf16 only
+        cudalin::set_moe_prefill_kernel(kernel);
+        cudalin::set_moe_prefill_pipeline(pipe);
+        const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
+        cudalin::set_moe_prefill_pipeline(0);
+        const ErrStats ec = compare(got, cpu_d, ones), em = compare(got, model, ones);
+        std::printf("moe_prefill%s hidden=%d inter=%d E=%d T=%d route=%d kernel=%d pipe=%d tile=%d: vs cpu::moe_forward "
+                    "%.3g, vs float64 model %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "", s.hidden, s.inter,
+                    s.n_experts, T, int(route), kernel, pipe, tile_n, ec.rel_norm, em.rel_norm,
+                    em.worst / std::max(maxref, 1e-300));
+        const std::string what = "kernel " + std::to_string(kernel) + " pipe " + std::to_string(pipe) + " tile " +
+                                 std::to_string(tile_n);
+        EXPECT_EQ(em.non_finite, 0) << "unwritten or non-finite outputs, " << what;
+        EXPECT_LE(ec.rel_norm, 5e-3) << what;
+        EXPECT_LE(em.rel_norm, 2e-4) << what;
+        EXPECT_LE(em.worst, 2e-3 * maxref) << what;
+        if (em.rel_norm > 2e-4) {  // diagnostics: the first few elements far off
+          int shown = 0;
+          for (size_t i = 0; i < got.size() && shown < 4; ++i)
+            if (!(std::fabs(got[i] - model[i]) <= 1e-2 * maxref)) {
+              std::printf("  bad out[t=%zu, d=%zu] = %g, model %g\n", i / s.hidden, i % s.hidden, got[i], model[i]);
+              ++shown;
+            }
+        }
+        if (pipe == 0 && tile_n == 0) {
+          check_internals(s, X, in, T, ws, f16);
+          first[kernel] = got;
+          const std::vector<float> again = run_prefill(s, X, in, T, accumulate, 0, prior, ws, f16);
+          EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "not bit-reproducible, " << what;
+        } else {
+          // Every output element sees the same MMA sequence over K whatever the tile width or pipeline, so the
+          // results of one kernel are bit-identical (measured on the H200 for the tile widths, 2026-11-30).
+          const bool same = std::memcmp(first[kernel].data(), got.data(), got.size() * 4) == 0;
+          std::printf("moe_prefill%s kernel=%d pipe=%d tile=%d bit-identical to the default: %s\n", f16 ? "_f16" : "",
+                      kernel, pipe, tile_n, same ? "yes" : "no");
+          EXPECT_TRUE(same) << what << " differs from the kernel's default";
+        }
+        cudalin::set_moe_prefill_kernel(1);
       }
-      if (pipe == 0 && tile_n == 0) {
-        check_internals(s, X, in, T, ws, f16);
-        first = got;
-        const std::vector<float> again = run_prefill(s, X, in, T, accumulate, 0, prior, ws, f16);
-        EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * 4), 0) << "not bit-reproducible";
-      } else {
-        // Every output element sees the same MMA sequence over K whatever the tile width or pipeline, so the
-        // results are bit-identical (measured on the H200 for the tile widths, 2026-11-30).
-        const bool same = std::memcmp(first.data(), got.data(), got.size() * 4) == 0;
-        std::printf("moe_prefill%s pipe=%d tile=%d bit-identical to the default: %s\n", f16 ? "_f16" : "", pipe, tile_n,
-                    same ? "yes" : "no");
-        EXPECT_TRUE(same) << "pipe " << pipe << " tile " << tile_n << " differs from the default";
-      }
-    }
   cudalin::moe_prefill_workspace_destroy(ws);
 
   if (vs_decode) {  // moe_decode on the same inputs
@@ -202,12 +211,14 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
     if (accumulate)
       for (size_t i = 0; i < dec.size(); ++i) dec[i] -= prior[i];
     const std::vector<double> dec_d(dec.begin(), dec.end());
-    const ErrStats ed = compare(first, dec_d, ones);
-    std::printf("moe_prefill%s vs moe_decode T=%d: rel %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "", T,
-                ed.rel_norm, ed.worst / std::max(maxref, 1e-300));
-    EXPECT_EQ(ed.non_finite, 0);
-    EXPECT_LE(ed.rel_norm, 2e-4);
-    EXPECT_LE(ed.worst, 2e-3 * maxref);
+    for (int kernel : {1, 2}) {
+      const ErrStats ed = compare(first[kernel], dec_d, ones);
+      std::printf("moe_prefill%s kernel %d vs moe_decode T=%d: rel %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "",
+                  kernel, T, ed.rel_norm, ed.worst / std::max(maxref, 1e-300));
+      EXPECT_EQ(ed.non_finite, 0) << "kernel " << kernel;
+      EXPECT_LE(ed.rel_norm, 2e-4) << "kernel " << kernel;
+      EXPECT_LE(ed.worst, 2e-3 * maxref) << "kernel " << kernel;
+    }
   }
 }
 
@@ -254,7 +265,8 @@ TEST(CudaMoePrefill, FullFlashWidth) {
 
 // Captured into a CUDA graph (fails if moe_prefill synchronized with or read from the host), replayed after
 // new routes and weights are written into the same device buffers: bit-identical to a direct launch.
-void graph_replay(bool f16) {
+void graph_replay(bool f16, int kernel) {
+  cudalin::set_moe_prefill_kernel(kernel);
   const cudalin::MoeShape s = small_shape();
   const int T = 300;
   std::mt19937_64 rng(seed() ^ 0x5151);
@@ -284,19 +296,23 @@ void graph_replay(bool f16) {
   EXPECT_EQ(std::memcmp(via_graph.data(), direct.data(), direct.size() * 4), 0) << "graph replay differs";
   const std::vector<double> model = model_moe(s, X, b.xf, T, b.idx, b.wts, f16);
   const ErrStats em = compare(via_graph, model, std::vector<double>(model.size(), 1.0));
-  std::printf("moe_prefill%s graph replay T=%d: vs float64 model %.3g\n", f16 ? "_f16" : "", T, em.rel_norm);
+  std::printf("moe_prefill%s graph replay T=%d, kernel %d: vs float64 model %.3g\n", f16 ? "_f16" : "", T, kernel,
+              em.rel_norm);
   EXPECT_EQ(em.non_finite, 0);
   EXPECT_LE(em.rel_norm, 2e-4);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
   cudalin::moe_prefill_workspace_destroy(ws);
+  cudalin::set_moe_prefill_kernel(1);
 }
 
 TEST(CudaMoePrefill, GraphReplay) {
   DSV4_REQUIRE_GPU();
-  graph_replay(false);
-  graph_replay(true);
+  for (int kernel : {1, 2}) {
+    graph_replay(false, kernel);
+    graph_replay(true, kernel);
+  }
 }
 
 TEST(CudaMoePrefill, ShapeErrors) {
@@ -305,6 +321,7 @@ TEST(CudaMoePrefill, ShapeErrors) {
   s.hidden = 1000;
   EXPECT_THROW(cudalin::moe_prefill_workspace_create(s, 8), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_tile_n(48), Error);
+  EXPECT_THROW(cudalin::set_moe_prefill_kernel(3), Error);
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(small_shape(), 8);
   EXPECT_THROW(cudalin::moe_prefill(small_shape(), nullptr, nullptr, nullptr, nullptr, 9, nullptr, false, ws, nullptr),
                Error);

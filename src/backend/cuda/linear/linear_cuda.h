@@ -234,5 +234,9 @@ void set_moe_prefill_tile_n(int n);
 // Test/benchmark knob: 0 = register-staged weight pipeline (default, validated); 1 = cp.async ring with
 // 2-3 k-tiles in flight (opt-in; docs/GEMM_MOE.md "MoE prefill" says whether it has been run on a GPU yet).
 void set_moe_prefill_pipeline(int p);
+// Test/benchmark knob: the GEMM kernel. 1: weights dequantized into shared memory, ldmatrix for both operands;
+// 2: each warp converts its own weight rows from registers straight into MMA fragments (no shared memory for
+// the weights; another k order inside each MMA, so not bit-identical to 1). The pipeline knob applies to 1.
+void set_moe_prefill_kernel(int k);
 
 }  // namespace dsv4::cudalin

@@ -34,6 +34,7 @@ constexpr int kBK = 64;     // K per pipeline stage (two MXFP4 scale blocks)
 constexpr int kThreads = 256;  // 8 warps: 4 along M x 2 along N
 int g_tile_n = 0;           // benchmark/test knob: 0 = heuristic
 int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async ring (opt-in; exact, slower: run 16)
+int g_kernel = 1;           // 1: weights dequantized into shared memory; 2: straight into A fragments (moe_gemm_v2_kernel)
 
 int pad4(int T) { return (T + 3) & ~3; }
 
@@ -421,6 +422,190 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
     }
 }
 
+// ------------------------------------------------------------------ grouped GEMM, kernel 2
+// Kernel 2 (set_moe_prefill_kernel(2)): the weights never pass through shared memory. Each warp owns 16 weight
+// rows (GATE: 8 features of w1 in MMA rows 0-7 and the same 8 of w3 in rows 8-15, so a thread holds g and u of
+// one (feature, token)) and all BN tokens; it loads its rows' MXFP4 bytes from global memory into registers
+// two k-tiles ahead and converts them exactly into A fragments itself. That works because an MMA only needs
+// A and B to agree on which k sits in which fragment slot: lane t of a k-tile of 64 takes the 16 consecutive k
+// 16t .. 16t+15 for both operands (MMA kk's slots k 2t, 2t+1 / 8+2t, 9+2t hold k 16t+4kk+0, 1 / +2, 3), so
+// its A bytes are 8 contiguous bytes of a row (one UE8M0 group) and its B values 32 contiguous bytes of a
+// token row in shared memory (two 16-byte loads per n8 tile, conflict-free with tile_off's swizzle). The
+// dot products are the same sums over k in another order inside each MMA: no longer bit-identical to kernel 1,
+// but bit-identical across tile widths. B streams through a 3-stage cp.async ring, one barrier per k-tile;
+// each weight is converted once per block (the warps split the rows, not the tokens).
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {  // 8 read-once weight bytes: skip L1
+  uint2 r;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void lds128(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+constexpr int kV2Stages = 3;  // B ring depth
+template <int BN>
+constexpr int gemm_v2_smem() {
+  return kV2Stages * BN * kBK * 2;
+}
+
+// Raw weights of one k-tile for one thread: 8 bytes of each of its two rows and their scale bytes.
+struct RawA {
+  uint2 w0, w1;
+  uint32_t s0, s1;
+};
+
+template <int BN, bool GATE, bool F16>
+__global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  constexpr int NT = BN / 8;               // n8 tiles per warp (every warp covers all BN tokens)
+  constexpr int NB = BN * 8 / kThreads;    // 16-byte B chunks per thread per stage
+  constexpr int kBStage = BN * kBK * 2;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_pair[BN];
+  __shared__ float s_w[BN];
+
+  if (blockIdx.y >= *a.n_tiles) return;
+  const int2 tile = a.tiles[blockIdx.y];
+  const int e = tile.x;
+  const int pos0 = a.offsets[e] + tile.y;
+  const int nvalid = min(BN, a.counts[e] - tile.y);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  for (int i = tid; i < BN; i += kThreads) {
+    const int p = i < nvalid ? a.perm[pos0 + i] : -1;
+    s_pair[i] = p;
+    if (GATE) s_w[i] = p >= 0 ? a.weights[p] : 0.f;
+  }
+
+  const DevExpert ex = a.experts[e];
+  const int K = a.K, nk = K / kBK;
+  // This thread's two weight rows (MMA rows g and g+8 of the warp's 16) from byte 8 t4 of each k-tile's 32.
+  const uint8_t *w0src, *w1src, *s0src, *s1src;
+  if (GATE) {
+    const int f = blockIdx.x * (kBM / 2) + 8 * warp + g;
+    w0src = ex.w1 + size_t(f) * (K / 2), s0src = ex.s1 + size_t(f) * (K / 32);
+    w1src = ex.w3 + size_t(f) * (K / 2), s1src = ex.s3 + size_t(f) * (K / 32);
+  } else {
+    const int r = blockIdx.x * kBM + 16 * warp + g;
+    w0src = ex.w2 + size_t(r) * (K / 2), s0src = ex.s2 + size_t(r) * (K / 32);
+    w1src = w0src + size_t(8) * (K / 2), s1src = s0src + size_t(8) * (K / 32);
+  }
+  w0src += 8 * t4, w1src += 8 * t4, s0src += t4 >> 1, s1src += t4 >> 1;
+  auto ldA = [&](int kt, RawA& r) {
+    r.w0 = ld_stream8(w0src + kt * 32), r.w1 = ld_stream8(w1src + kt * 32);
+    r.s0 = __ldg(s0src + kt * 2), r.s1 = __ldg(s1src + kt * 2);
+  };
+  // A fragments of the k-tile: af[kk] = {row g k-pair 2kk, row g+8 pair 2kk, row g pair 2kk+1, row g+8 pair 2kk+1}.
+  auto convert = [&](const RawA& r, uint32_t (&af)[4][4]) {
+    // q[w][i]: k-pair i of word w (row g: words 0, 1; row g+8: words 2, 3); pair 2kk of a row is word kk/2's
+    // pair 2 (kk & 1), pair 2kk+1 the one after it.
+    uint32_t q[4][4];
+    const uint32_t wd[4] = {r.w0.x, r.w0.y, r.w1.x, r.w1.y};
+    if constexpr (F16) {
+      const uint32_t f0 = dev::fp4_f16_factor(r.s0), f1 = dev::fp4_f16_factor(r.s1);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) fp4_word_to_f16(wd[w], w < 2 ? f0 : f1, q[w]);
+    } else {
+      const dev::Fp4Scale c0 = dev::fp4_scale(r.s0), c1 = dev::fp4_scale(r.s1);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) fp4_word_to_bf16(wd[w], w < 2 ? c0 : c1, q[w]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int w = kk >> 1, i = 2 * (kk & 1);
+      af[kk][0] = q[w][i], af[kk][1] = q[2 + w][i], af[kk][2] = q[w][i + 1], af[kk][3] = q[2 + w][i + 1];
+    }
+  };
+
+  // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7 (as kernel 1).
+  uint32_t brow[NB];
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    const int r = (tid >> 3) + 32 * i;
+    const int pos = pos0 + (r < nvalid ? r : 0);
+    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < nvalid ? 0u : 0x80000000u);
+  }
+  const uint16_t* act = a.act + (tid & 7) * 8;
+  const uint32_t sB = smem_u32(smem);
+  // Shared-memory offsets: this thread's B copy chunk (row tid >> 3, + 32 i rows = + 4096 i bytes) and the two
+  // 16-byte chunks its lane reads per n8 tile (row g, + 8 j rows = + 1024 j bytes; row & 7 = g).
+  const uint32_t cp_off = tile_off(tid >> 3, tid & 7);
+  const uint32_t rd_off0 = tile_off(g, 2 * t4), rd_off1 = tile_off(g, 2 * t4 + 1);
+  auto cpB = [&](int kt, uint32_t st) {  // always commits a group (empty past the end): uniform wait_group counts
+    if (kt < nk) {
+#pragma unroll
+      for (int i = 0; i < NB; ++i)
+        cp_async16(st + cp_off + 4096 * i, act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+    }
+    cp_commit();
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+
+  auto compute = [&](uint32_t st, const uint32_t (&af)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      uint32_t b[2][4];  // token row 8 j + g's k 16 t4 .. 16 t4 + 15: pairs 0..3, then 4..7
+      lds128(st + rd_off0 + 1024 * j, b[0]);
+      lds128(st + rd_off1 + 1024 * j, b[1]);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t b0 = b[kk >> 1][2 * (kk & 1)], b1 = b[kk >> 1][2 * (kk & 1) + 1];
+        if constexpr (F16) dev::mma_f16(acc[j], af[kk][0], af[kk][1], af[kk][2], af[kk][3], b0, b1);
+        else dev::mma(acc[j], af[kk][0], af[kk][1], af[kk][2], af[kk][3], b0, b1);
+      }
+    }
+  };
+
+  // Prologue: B of k-tiles 0 and 1 in flight, weights of 0 and 1 in registers.
+  static_assert(kV2Stages == 3, "the stage rotation below assumes 3 stages");
+  RawA ra0, ra1;
+  cpB(0, sB), cpB(1, sB + kBStage);
+  ldA(0, ra0);
+  if (nk > 1) ldA(1, ra1);
+  uint32_t st_cur = sB, st_old = sB + 2 * kBStage;  // stages of k-tiles kt and kt - 1 (= kt + 2)
+  // Iteration kt: B(kt) landed for every thread (wait + barrier, which also frees the stage of kt-1 for kt+2);
+  // the weights of kt (loaded two iterations ago) become A fragments and their registers take kt+2's.
+  auto iter = [&](int kt, RawA& r) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    __syncthreads();
+    cpB(kt + 2, st_old);
+    uint32_t af[4][4];
+    convert(r, af);
+    if (kt + 2 < nk) ldA(kt + 2, r);
+    compute(st_cur, af);
+    st_old = st_cur;
+    st_cur = st_cur == sB + 2 * kBStage ? sB : st_cur + kBStage;
+  };
+  for (int kt = 0; kt < nk; kt += 2) {
+    iter(kt, ra0);
+    if (kt + 1 < nk) iter(kt + 1, ra1);
+  }
+
+  // Epilogue. acc[j][2 hh + c] = (MMA row g + 8 hh of the warp, token 8 j + 2 t4 + c).
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * j + 2 * t4 + c;
+      if (col >= nvalid) continue;
+      if (GATE) {
+        float gv = acc[j][c], uv = acc[j][2 + c];
+        if (a.limit > 0.f) gv = fminf(gv, a.limit), uv = fminf(fmaxf(uv, -a.limit), a.limit);
+        const float hv = gv / (1.0f + expf(-gv)) * uv * s_w[col];
+        const int f = blockIdx.x * (kBM / 2) + 8 * warp + g;
+        a.h[size_t(pos0 + col) * a.n_out + f] = cuda::ptx::act16_bits_rn(hv, F16);
+      } else {
+        const size_t yrow = size_t(s_pair[col]) * a.n_out + blockIdx.x * kBM + 16 * warp + g;
+        a.ybuf[yrow] = acc[j][c];
+        a.ybuf[yrow + 8] = acc[j][2 + c];
+      }
+    }
+}
+
 // out[t, d] (+)= sum over k ascending of ybuf[t*K + k, d] (pairs with an invalid expert id contribute 0).
 __global__ void combine_kernel(const float* ybuf, const int32_t* idx, int T, int K, int E, int hidden, float* out,
                                bool accumulate) {
@@ -460,8 +645,18 @@ void set_smem_attr() {  // dynamic shared memory above 48 KB needs the opt-in (p
              "moe_prefill smem attribute");
 }
 
+template <int BN, bool GATE, bool F16>
+void set_smem_attr_v2() {
+  static_assert(gemm_v2_smem<BN>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
+  check_cuda(cudaFuncSetAttribute(moe_gemm_v2_kernel<BN, GATE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  gemm_v2_smem<BN>()),
+             "moe_prefill smem attribute");
+}
+
 template <int BN>
 void set_smem_attrs() {
+  set_smem_attr_v2<BN, true, false>(), set_smem_attr_v2<BN, false, false>();
+  set_smem_attr_v2<BN, true, true>(), set_smem_attr_v2<BN, false, true>();
   set_smem_attr<BN, true, 0>(), set_smem_attr<BN, false, 0>();
   set_smem_attr<BN, true, 0, true>(), set_smem_attr<BN, false, 0, true>();
   set_smem_attr<BN, true, pipe_slots<BN>()>(), set_smem_attr<BN, false, pipe_slots<BN>()>();
@@ -474,11 +669,22 @@ void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stre
              "moe_gemm_kernel launch");
 }
 
-// The w1/w3 then the w2 GEMM: f16 (default pipeline), or bf16 on the default or the opt-in pipeline.
+template <int BN, bool GATE, bool F16>
+void launch_gemm_v2(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
+  check_cuda(cuda::launch(moe_gemm_v2_kernel<BN, GATE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
+                          gemm_v2_smem<BN>(), stream, a),
+             "moe_gemm_v2_kernel launch");
+}
+
+// The w1/w3 then the w2 GEMM: kernel 2 (either format), else kernel 1 in f16 (default pipeline), or in bf16 on
+// the default or the opt-in pipeline.
 template <int BN>
 void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe, bool f16,
                  cudaStream_t st) {
-  if (f16) {
+  if (g_kernel == 2) {
+    if (f16) launch_gemm_v2<BN, true, true>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, true>(g2, gx2, max_tiles, st);
+    else launch_gemm_v2<BN, true, false>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, false>(g2, gx2, max_tiles, st);
+  } else if (f16) {
     launch_gemm<BN, true, 0, true>(g1, gx1, max_tiles, st);
     launch_gemm<BN, false, 0, true>(g2, gx2, max_tiles, st);
   } else if (pipe) {
@@ -508,6 +714,11 @@ void check_shape(const MoeShape& s, const char* who) {
 void set_moe_prefill_tile_n(int n) {
   if (n != 0 && n != 32 && n != 64 && n != 128) throw Error(str_cat("set_moe_prefill_tile_n: ", n, " not 0, 32, 64 or 128"));
   g_tile_n = n;
+}
+
+void set_moe_prefill_kernel(int k) {
+  if (k != 1 && k != 2) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 1 or 2"));
+  g_kernel = k;
 }
 
 void set_moe_prefill_pipeline(int p) {
