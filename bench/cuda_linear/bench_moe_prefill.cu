@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
     double ours, peer, peer1, peer2, sweep[3], sweep1[3];  // sweep1: pipeline 1 (cp.async ring)
     double f16, sweep16[3];                                 // moe_prefill_f16
     double k2, k2f16, sweep2f16[3];                         // GEMM kernel 2: bf16, f16 (heuristic), f16 per tile
+    double def, def16;                                      // the default kernel choice (by tile width)
   };
   std::vector<Row> rows;
   for (int T : Ts) {
@@ -193,6 +194,7 @@ int main(int argc, char** argv) {
       std::printf("profiled T=%d: one bf16 and one f16 call with each GEMM kernel\n", T);
       return 0;
     }
+    cudalin::set_moe_prefill_kernel(1);  // the kernel 1 rows first, then kernel 2, then the default
     r.ours = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     const int tn[3] = {32, 64, 128};
     for (int i = 0; i < 3; ++i) {
@@ -220,7 +222,9 @@ int main(int argc, char** argv) {
     cudalin::set_moe_prefill_tile_n(0);
     r.k2f16 = tm.median_us(reps, f16);
     r.k2 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
-    cudalin::set_moe_prefill_kernel(1);
+    cudalin::set_moe_prefill_kernel(0);
+    r.def = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    r.def16 = tm.median_us(reps, f16);
     ok(cudaGetLastError(), "ours");
 
     const int M = r.M;
@@ -249,10 +253,10 @@ int main(int argc, char** argv) {
   std::printf("\nMoE prefill, V4-Flash (hidden %d, inter %d, %d experts, top-%d), uniform random routing; FLOPs = "
               "6 * T*top_k * hidden * inter; weight-read floor = MXFP4 bytes of all experts (%.2f GB) / copy bw\n",
               H, I, E, K, fp4_bytes * 1e-9);
-  std::printf("| T | rows/expert | ours (us) | ours TFLOP/s | cuBLAS bf16 batched (us) | cuBLAS TFLOP/s | ours/cuBLAS "
+  std::printf("Kernel 1 (set_moe_prefill_kernel(1)), bf16:\n| T | rows/expert | ours (us) | ours TFLOP/s | cuBLAS bf16 batched (us) | cuBLAS TFLOP/s | ours/cuBLAS "
               "speed | weight floor ours / bf16 (us) | tile 32 / 64 / 128 (us) | pipeline 1: tile 32 / 64 / 128 (us) | "
               "cuBLAS w13 / w2 (us) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string f16_rows, k2_rows;
+  std::string f16_rows, k2_rows, def_rows;
   for (const Row& r : rows) {
     const double flops = 6.0 * r.T * K * double(H) * I;
     std::printf("| %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f "
@@ -267,6 +271,9 @@ int main(int argc, char** argv) {
                   r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
                   r.sweep2f16[1], r.sweep2f16[2]);
     k2_rows += line;
+    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx |\n", r.T, r.ours, r.def, r.def16,
+                  flops / r.def16 * 1e-6, r.ours / r.def16, r.peer / r.def16);
+    def_rows += line;
   }
   std::printf("\nmoe_prefill_f16 (x fp32 -> f16 in the call, f16 weights and MMAs), same routes:\n| T | bf16 (us) | f16 (us) | "
               "f16 TFLOP/s | f16 speed-up | f16 / cuBLAS speed | f16 tile 32 / 64 / 128 (us) |\n"
@@ -275,6 +282,9 @@ int main(int argc, char** argv) {
               "kernel 1 f16 (us) | kernel 2 bf16 (us) | kernel 2 f16 (us) | kernel 2 f16 TFLOP/s | speed-up over kernel 1 "
               "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) |\n|---|---|---|---|---|---|---|---|\n%s",
               k2_rows.c_str());
+  std::printf("\nThe default (kernel 2 for token tiles up to 64, kernel 1 at 128); moe_prefill_f16 is the engine's path:\n"
+              "| T | kernel 1 bf16 (us) | default bf16 (us) | default f16 (us) | f16 TFLOP/s | speed-up over kernel 1 bf16 "
+              "| / cuBLAS speed |\n|---|---|---|---|---|---|---|\n%s", def_rows.c_str());
   cudalin::moe_prefill_workspace_destroy(ws);
   cublasDestroy(hb);
   return 0;

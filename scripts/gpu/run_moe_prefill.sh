@@ -47,10 +47,12 @@ fi
 echo "== test lines (worst first by model error)"
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
-echo "cases run: $(grep -c '^moe_prefill(_f16)? hidden' "$FINAL/test.log")"
+echo "cases run: $(grep -cE '^moe_prefill(_f16)? hidden' "$FINAL/test.log")"
 grep -E "^moe_prefill(_f16)? (kernel [12] vs moe_decode|graph)" "$FINAL/test.log"
 grep -c "bit-identical to the default: yes" "$FINAL/test.log" | sed 's/^/tile widths and pipelines bit-identical: /'
 grep -c "bit-identical to the default: no" "$FINAL/test.log" | sed 's/^/tile widths and pipelines differing: /'
+grep -c "bit-identical to its kernel: yes" "$FINAL/test.log" | sed 's/^/default kernel choice matching its kernel: /'
+grep -c "bit-identical to its kernel: no" "$FINAL/test.log" | sed 's/^/default kernel choice differing: /'
 grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.log"
 if [ -f "$FINAL/ncu.txt" ]; then
   echo "== ncu (T=$MOEP_NCU)"

@@ -192,8 +192,19 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
                       kernel, pipe, tile_n, same ? "yes" : "no");
           EXPECT_TRUE(same) << what << " differs from the kernel's default";
         }
-        cudalin::set_moe_prefill_kernel(1);
+        cudalin::set_moe_prefill_kernel(0);
       }
+  // The default (kernel chosen by tile width): kernel 2 at tiles of 32, kernel 1 at 128, one of them by heuristic.
+  cudalin::set_moe_prefill_kernel(0);
+  for (int tile_n : {0, 32, 128}) {
+    const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
+    auto same = [&](int k) { return std::memcmp(first[k].data(), got.data(), got.size() * 4) == 0; };
+    const bool ok = tile_n == 32 ? same(2) : tile_n == 128 ? same(1) : same(1) || same(2);
+    std::printf("moe_prefill%s default kernel tile=%d bit-identical to its kernel: %s\n", f16 ? "_f16" : "", tile_n,
+                ok ? "yes" : "no");
+    EXPECT_TRUE(ok) << "default kernel at tile " << tile_n;
+  }
+  cudalin::set_moe_prefill_kernel(0);
   cudalin::moe_prefill_workspace_destroy(ws);
 
   if (vs_decode) {  // moe_decode on the same inputs
@@ -304,7 +315,7 @@ void graph_replay(bool f16, int kernel) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
   cudalin::moe_prefill_workspace_destroy(ws);
-  cudalin::set_moe_prefill_kernel(1);
+  cudalin::set_moe_prefill_kernel(0);
 }
 
 TEST(CudaMoePrefill, GraphReplay) {
@@ -322,6 +333,7 @@ TEST(CudaMoePrefill, ShapeErrors) {
   EXPECT_THROW(cudalin::moe_prefill_workspace_create(s, 8), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_tile_n(48), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_kernel(3), Error);
+  EXPECT_THROW(cudalin::set_moe_prefill_kernel(-1), Error);
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(small_shape(), 8);
   EXPECT_THROW(cudalin::moe_prefill(small_shape(), nullptr, nullptr, nullptr, nullptr, 9, nullptr, false, ws, nullptr),
                Error);

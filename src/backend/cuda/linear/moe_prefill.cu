@@ -34,7 +34,10 @@ constexpr int kBK = 64;     // K per pipeline stage (two MXFP4 scale blocks)
 constexpr int kThreads = 256;  // 8 warps: 4 along M x 2 along N
 int g_tile_n = 0;           // benchmark/test knob: 0 = heuristic
 int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async ring (opt-in; exact, slower: run 16)
-int g_kernel = 1;           // 1: weights dequantized into shared memory; 2: straight into A fragments (moe_gemm_v2_kernel)
+// GEMM kernel: 1 = weights dequantized into shared memory (moe_gemm_kernel), 2 = straight into A fragments
+// (moe_gemm_v2_kernel), 0 = by tile width: 2 up to 64 tokens, 1 at 128 (H200 run 41, bench_cuda_moe_prefill, f16:
+// kernel 2 1.26x / 1.14x faster at T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it spills)).
+int g_kernel = 0;
 
 int pad4(int T) { return (T + 3) & ~3; }
 
@@ -681,7 +684,8 @@ void launch_gemm_v2(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t s
 template <int BN>
 void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe, bool f16,
                  cudaStream_t st) {
-  if (g_kernel == 2) {
+  const int kernel = g_kernel ? g_kernel : BN <= 64 ? 2 : 1;
+  if (kernel == 2) {
     if (f16) launch_gemm_v2<BN, true, true>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, true>(g2, gx2, max_tiles, st);
     else launch_gemm_v2<BN, true, false>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, false>(g2, gx2, max_tiles, st);
   } else if (f16) {
@@ -717,7 +721,7 @@ void set_moe_prefill_tile_n(int n) {
 }
 
 void set_moe_prefill_kernel(int k) {
-  if (k != 1 && k != 2) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 1 or 2"));
+  if (k < 0 || k > 2) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (by tile width), 1 or 2"));
   g_kernel = k;
 }
 
