@@ -165,7 +165,6 @@ int main(int argc, char** argv) {
     double f16, sweep16[3];                                 // moe_prefill_f16
     double k2, k2f16, sweep2f16[3];                         // GEMM kernel 2: bf16, f16 (heuristic), f16 per tile
     double def, def16;                                      // the default kernel choice (by tile width)
-    double l2[3];                                           // kernel 2 f16 with L2 prefetch 0 / 3 / 12 k-tiles ahead
   };
   std::vector<Row> rows;
   for (int T : Ts) {
@@ -223,11 +222,6 @@ int main(int argc, char** argv) {
     cudalin::set_moe_prefill_tile_n(0);
     r.k2f16 = tm.median_us(reps, f16);
     r.k2 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
-    for (int i = 0; i < 3; ++i) {  // kernel 2's L2 prefetch distance (default 6)
-      cudalin::set_moe_prefill_l2_prefetch(i == 0 ? 0 : i == 1 ? 3 : 12);
-      r.l2[i] = tm.median_us(reps, f16);
-    }
-    cudalin::set_moe_prefill_l2_prefetch(6);
     cudalin::set_moe_prefill_kernel(0);
     r.def = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     r.def16 = tm.median_us(reps, f16);
@@ -273,9 +267,9 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T, r.ours,
                   r.f16, flops / r.f16 * 1e-6, r.ours / r.f16, r.peer / r.f16, r.sweep16[0], r.sweep16[1], r.sweep16[2]);
     f16_rows += line;
-    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f |\n",
-                  r.T, r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
-                  r.sweep2f16[1], r.sweep2f16[2], r.l2[0], r.l2[1], r.l2[2]);
+    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T,
+                  r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
+                  r.sweep2f16[1], r.sweep2f16[2]);
     k2_rows += line;
     std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx |\n", r.T, r.ours, r.def, r.def16,
                   flops / r.def16 * 1e-6, r.ours / r.def16, r.peer / r.def16);
@@ -286,8 +280,7 @@ int main(int argc, char** argv) {
               "|---|---|---|---|---|---|---|\n%s", f16_rows.c_str());
   std::printf("\nGEMM kernel 2 (set_moe_prefill_kernel(2): weights straight into MMA fragments), same routes:\n| T | "
               "kernel 1 f16 (us) | kernel 2 bf16 (us) | kernel 2 f16 (us) | kernel 2 f16 TFLOP/s | speed-up over kernel 1 "
-              "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) | kernel 2 f16, L2 prefetch 0 / 3 / 12 k-tiles ahead "
-              "(default 6) (us) |\n|---|---|---|---|---|---|---|---|---|\n%s",
+              "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) |\n|---|---|---|---|---|---|---|---|\n%s",
               k2_rows.c_str());
   std::printf("\nThe default (kernel 2 for token tiles up to 64, kernel 1 at 128); moe_prefill_f16 is the engine's path:\n"
               "| T | kernel 1 bf16 (us) | default bf16 (us) | default f16 (us) | f16 TFLOP/s | speed-up over kernel 1 bf16 "

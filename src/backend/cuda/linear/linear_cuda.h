@@ -239,8 +239,5 @@ void set_moe_prefill_pipeline(int p);
 // the weights; another k order inside each MMA, so not bit-identical to 1); 0 (default): 2 for token tiles of
 // up to 64, 1 for tiles of 128. The pipeline knob applies to kernel 1.
 void set_moe_prefill_kernel(int k);
-// Test/benchmark knob: kernel 2 asks L2 for its weights this many k-tiles (of 64) ahead of use, besides the two
-// k-tiles it holds in registers (default 6; 0 = no prefetch). Results do not depend on it.
-void set_moe_prefill_l2_prefetch(int k_tiles);
 
 }  // namespace dsv4::cudalin

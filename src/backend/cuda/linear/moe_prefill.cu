@@ -38,7 +38,6 @@ int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async
 // (moe_gemm_v2_kernel), 0 = by tile width: 2 up to 64 tokens, 1 at 128 (H200 run 41, bench_cuda_moe_prefill, f16:
 // kernel 2 1.26x / 1.14x faster at T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it spills)).
 int g_kernel = 0;
-int g_l2_ahead = 6;         // kernel 2's L2 prefetch distance in k-tiles (set_moe_prefill_l2_prefetch; 0 = off)
 
 int pad4(int T) { return (T + 3) & ~3; }
 
@@ -198,7 +197,6 @@ struct GemmArgs {
   uint16_t* h;           // GATE out: bf16 (f16 with F16) [P, inter]
   float* ybuf;           // down out: fp32 [P, hidden], row = pair id
   float limit;
-  int l2_ahead;          // kernel 2: k-tiles ahead whose weights are prefetched into L2 (0: none)
 };
 
 // One block: kBM weight rows x BN token rows of one expert's tile, all of K. A (weights): MXFP4 loaded to
@@ -444,7 +442,6 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {  // 8 read-once wei
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void lds128(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
@@ -582,8 +579,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
     uint32_t af[4][4];
     convert(r, af);
     if (kt + 2 < nk) ldA(kt + 2, r);
-    if (a.l2_ahead && kt + a.l2_ahead < nk && t4 == 0)  // one lane per 32-byte row sector
-      prefetch_l2(w0src + (kt + a.l2_ahead) * 32), prefetch_l2(w1src + (kt + a.l2_ahead) * 32);
     compute(st_cur, af);
     st_old = st_cur;
     st_cur = st_cur == sB + 2 * kBStage ? sB : st_cur + kBStage;
@@ -730,11 +725,6 @@ void set_moe_prefill_kernel(int k) {
   g_kernel = k;
 }
 
-void set_moe_prefill_l2_prefetch(int k_tiles) {
-  if (k_tiles < 0 || k_tiles > 64) throw Error(str_cat("set_moe_prefill_l2_prefetch: ", k_tiles, " not in [0, 64]"));
-  g_l2_ahead = k_tiles;
-}
-
 void set_moe_prefill_pipeline(int p) {
   if (p != 0 && p != 1) throw Error(str_cat("set_moe_prefill_pipeline: ", p, " not 0 or 1"));
   g_pipeline = p;
@@ -806,7 +796,6 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   a.perm = ws.perm, a.counts = ws.counts, a.offsets = ws.offsets;
   a.tiles = reinterpret_cast<const int2*>(ws.tiles), a.n_tiles = ws.n_tiles;
   a.weights = weights, a.h = ws.h, a.ybuf = ws.ybuf, a.limit = s.swiglu_limit;
-  a.l2_ahead = g_l2_ahead;
   GemmArgs g1 = a, g2 = a;
   g1.act = x16, g1.K = s.hidden, g1.n_out = s.inter;
   g2.act = ws.h, g2.K = s.inter, g2.n_out = s.hidden;
