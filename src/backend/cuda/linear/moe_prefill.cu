@@ -12,9 +12,13 @@
 //                                     (pairs ordered by (t, k)), counts[e]
 //   offsets_kernel     (1 block)      exclusive scans: expert offsets, token-tile list for the GEMMs
 //   place_kernel       (P threads)    perm[offsets[e] + rank] = pair  (pairs sorted by (expert, t, k))
-//   gemm<GATE=true>                   h[pos] = bf16(silu(min(x W1ᵀ, L)) * clamp(x W3ᵀ, -L, L) * w)   (x gathered by perm)
+//   gemm<GATE=true>                   h[pos] = 16bit(silu(min(x W1ᵀ, L)) * clamp(x W3ᵀ, -L, L) * w)   (x gathered by perm)
 //   gemm<GATE=false>                  ybuf[pair] = h[pos] W2ᵀ   (fp32, row of the pair t*top_k+k)
 //   combine_kernel                    out[t] (+)= sum_{k ascending} ybuf[t*top_k+k]
+// Two GEMM kernels: moe_gemm_kernel (kernel 1: weights dequantized into shared memory, ldmatrix for both
+// operands) and moe_gemm_v2_kernel (kernel 2: each warp converts its own weight rows from registers straight
+// into MMA fragments); the default takes kernel 2 for token tiles up to 64 and kernel 1 at 128. Each runs in
+// bf16 (moe_prefill) or f16 (moe_prefill_f16, which first rounds the fp32 x to f16 into ybuf).
 #include <cuda_bf16.h>
 
 #include <algorithm>
