@@ -203,6 +203,43 @@ struct GemmArgs {
   float limit;
 };
 
+// The token tile of block row blockIdx.y: its expert, first permuted position and valid rows; s_pair / s_w get
+// each row's pair id (-1 past the tile) and, for GATE, its routing weight. False for a surplus block (the grid
+// is sized for the worst case; the tile count lives on the device).
+struct TokenTile {
+  int e, pos0, nvalid;
+};
+template <int BN, bool GATE>
+__device__ __forceinline__ bool load_token_tile(const GemmArgs& a, TokenTile& tt, int* s_pair, float* s_w) {
+  if (blockIdx.y >= *a.n_tiles) return false;
+  const int2 tile = a.tiles[blockIdx.y];
+  tt.e = tile.x;
+  tt.pos0 = a.offsets[tt.e] + tile.y;
+  tt.nvalid = min(BN, a.counts[tt.e] - tile.y);
+  for (int i = threadIdx.x; i < BN; i += kThreads) {
+    const int p = i < tt.nvalid ? a.perm[tt.pos0 + i] : -1;
+    s_pair[i] = p;
+    if (GATE) s_w[i] = p >= 0 ? a.weights[p] : 0.f;
+  }
+  return true;
+}
+// The activation rows this thread copies into shared memory: tile row (tid >> 3) + 32 i -> its token (GATE)
+// or permuted position, bit 31 set past the tile (the copy then zero-fills).
+template <int NB, bool GATE>
+__device__ __forceinline__ void act_rows(const GemmArgs& a, const TokenTile& tt, uint32_t (&brow)[NB]) {
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    const int r = (threadIdx.x >> 3) + 32 * i;
+    const int pos = tt.pos0 + (r < tt.nvalid ? r : 0);
+    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < tt.nvalid ? 0u : 0x80000000u);
+  }
+}
+// h = silu(min(g, L)) * clamp(u, -L, L) * w (no clamp when L <= 0).
+__device__ __forceinline__ float swiglu_weighted(float gv, float uv, float limit, float w) {
+  if (limit > 0.f) gv = fminf(gv, limit), uv = fminf(fmaxf(uv, -limit), limit);
+  return gv / (1.0f + expf(-gv)) * uv * w;
+}
+
 // One block: kBM weight rows x BN token rows of one expert's tile, all of K. A (weights): MXFP4 loaded to
 // registers two stages ahead, dequantized exactly and stored to shared memory as bf16; B (activations):
 // cp.async (zero-filled past the expert's rows). Double-buffered shared memory, ldmatrix + mma.sync.
@@ -225,17 +262,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
   __shared__ int s_pair[BN];
   __shared__ float s_w[BN];
 
-  if (blockIdx.y >= *a.n_tiles) return;
-  const int2 tile = a.tiles[blockIdx.y];
-  const int e = tile.x;
-  const int pos0 = a.offsets[e] + tile.y;
-  const int nvalid = min(BN, a.counts[e] - tile.y);
+  TokenTile tt;
+  if (!load_token_tile<BN, GATE>(a, tt, s_pair, s_w)) return;
+  const int e = tt.e, pos0 = tt.pos0, nvalid = tt.nvalid;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-  for (int i = tid; i < BN; i += kThreads) {
-    const int p = i < nvalid ? a.perm[pos0 + i] : -1;
-    s_pair[i] = p;
-    if (GATE) s_w[i] = p >= 0 ? a.weights[p] : 0.f;
-  }
 
   const DevExpert ex = a.experts[e];
   const int K = a.K, nk = K / kBK;
@@ -253,13 +283,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
     ssrc = ex.s2 + size_t(r) * (K / 32) + half;
   }
   // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7.
-  uint32_t brow[NB];  // activation row (token for GATE, permuted position otherwise); bit 31: past the tile
-#pragma unroll
-  for (int i = 0; i < NB; ++i) {
-    const int r = (tid >> 3) + 32 * i;
-    const int pos = pos0 + (r < nvalid ? r : 0);
-    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < nvalid ? 0u : 0x80000000u);
-  }
+  uint32_t brow[NB];
+  act_rows<NB, GATE>(a, tt, brow);
   const uint16_t* act = a.act + (tid & 7) * 8;
 
   const uint32_t sA = smem_u32(smem), sB = sA + 2 * kAStage;
@@ -415,9 +440,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         if (GATE) {
-          float gv = acc[0][j][2 * hh + c], uv = acc[1][j][2 * hh + c];
-          if (a.limit > 0.f) gv = fminf(gv, a.limit), uv = fminf(fmaxf(uv, -a.limit), a.limit);
-          const float hv = gv / (1.0f + expf(-gv)) * uv * s_w[col];
+          const float hv = swiglu_weighted(acc[0][j][2 * hh + c], acc[1][j][2 * hh + c], a.limit, s_w[col]);
           const int f = blockIdx.x * (kBM / 2) + 16 * wm + g + 8 * hh;
           a.h[size_t(pos0 + col) * a.n_out + f] = cuda::ptx::act16_bits_rn(hv, F16);
         } else {
@@ -471,17 +494,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
   __shared__ int s_pair[BN];
   __shared__ float s_w[BN];
 
-  if (blockIdx.y >= *a.n_tiles) return;
-  const int2 tile = a.tiles[blockIdx.y];
-  const int e = tile.x;
-  const int pos0 = a.offsets[e] + tile.y;
-  const int nvalid = min(BN, a.counts[e] - tile.y);
+  TokenTile tt;
+  if (!load_token_tile<BN, GATE>(a, tt, s_pair, s_w)) return;
+  const int e = tt.e, pos0 = tt.pos0, nvalid = tt.nvalid;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-  for (int i = tid; i < BN; i += kThreads) {
-    const int p = i < nvalid ? a.perm[pos0 + i] : -1;
-    s_pair[i] = p;
-    if (GATE) s_w[i] = p >= 0 ? a.weights[p] : 0.f;
-  }
 
   const DevExpert ex = a.experts[e];
   const int K = a.K, nk = K / kBK;
@@ -525,12 +541,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
 
   // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7 (as kernel 1).
   uint32_t brow[NB];
-#pragma unroll
-  for (int i = 0; i < NB; ++i) {
-    const int r = (tid >> 3) + 32 * i;
-    const int pos = pos0 + (r < nvalid ? r : 0);
-    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < nvalid ? 0u : 0x80000000u);
-  }
+  act_rows<NB, GATE>(a, tt, brow);
   const uint16_t* act = a.act + (tid & 7) * 8;
   const uint32_t sB = smem_u32(smem);
   // Shared-memory offsets: this thread's B copy chunk (row tid >> 3, + 32 i rows = + 4096 i bytes) and the two
@@ -600,9 +611,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
       const int col = 8 * j + 2 * t4 + c;
       if (col >= nvalid) continue;
       if (GATE) {
-        float gv = acc[j][c], uv = acc[j][2 + c];
-        if (a.limit > 0.f) gv = fminf(gv, a.limit), uv = fminf(fmaxf(uv, -a.limit), a.limit);
-        const float hv = gv / (1.0f + expf(-gv)) * uv * s_w[col];
+        const float hv = swiglu_weighted(acc[j][c], acc[j][2 + c], a.limit, s_w[col]);
         const int f = blockIdx.x * (kBM / 2) + 8 * warp + g;
         a.h[size_t(pos0 + col) * a.n_out + f] = cuda::ptx::act16_bits_rn(hv, F16);
       } else {
