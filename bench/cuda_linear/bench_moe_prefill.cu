@@ -164,7 +164,6 @@ int main(int argc, char** argv) {
     double ours, peer, peer1, peer2, sweep[3], sweep1[3];  // sweep1: pipeline 1 (cp.async ring)
     double f16, sweep16[3];                                 // moe_prefill_f16
     double k2, k2f16, sweep2f16[3];                         // GEMM kernel 2: bf16, f16 (heuristic), f16 per tile
-    double k2d3, k2f16b;                                    // kernel 2 f16 with weights 3 k-tiles ahead; depth 2 again
     double def, def16;                                      // the default kernel choice (by tile width)
   };
   std::vector<Row> rows;
@@ -223,10 +222,6 @@ int main(int argc, char** argv) {
     cudalin::set_moe_prefill_tile_n(0);
     r.k2f16 = tm.median_us(reps, f16);
     r.k2 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
-    cudalin::set_moe_prefill_v2_depth(3);
-    r.k2d3 = tm.median_us(reps, f16);
-    cudalin::set_moe_prefill_v2_depth(2);
-    r.k2f16b = tm.median_us(reps, f16);  // depth 2 again, right after depth 3
     cudalin::set_moe_prefill_kernel(0);
     r.def = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     r.def16 = tm.median_us(reps, f16);
@@ -272,9 +267,9 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T, r.ours,
                   r.f16, flops / r.f16 * 1e-6, r.ours / r.f16, r.peer / r.f16, r.sweep16[0], r.sweep16[1], r.sweep16[2]);
     f16_rows += line;
-    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f | %.1f / %.1f |\n",
-                  r.T, r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
-                  r.sweep2f16[1], r.sweep2f16[2], r.k2d3, r.k2f16b);
+    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T,
+                  r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
+                  r.sweep2f16[1], r.sweep2f16[2]);
     k2_rows += line;
     std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx |\n", r.T, r.ours, r.def, r.def16,
                   flops / r.def16 * 1e-6, r.ours / r.def16, r.peer / r.def16);
@@ -285,8 +280,7 @@ int main(int argc, char** argv) {
               "|---|---|---|---|---|---|---|\n%s", f16_rows.c_str());
   std::printf("\nGEMM kernel 2 (set_moe_prefill_kernel(2): weights straight into MMA fragments), same routes:\n| T | "
               "kernel 1 f16 (us) | kernel 2 bf16 (us) | kernel 2 f16 (us) | kernel 2 f16 TFLOP/s | speed-up over kernel 1 "
-              "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) | kernel 2 f16 weights 3 k-tiles ahead / 2 again (us) |\n"
-              "|---|---|---|---|---|---|---|---|---|\n%s",
+              "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) |\n|---|---|---|---|---|---|---|---|\n%s",
               k2_rows.c_str());
   std::printf("\nThe default (kernel 2 for token tiles up to 64, kernel 1 at 128); moe_prefill_f16 is the engine's path:\n"
               "| T | kernel 1 bf16 (us) | default bf16 (us) | default f16 (us) | f16 TFLOP/s | speed-up over kernel 1 bf16 "

@@ -53,7 +53,6 @@ grep -c "bit-identical to the default: yes" "$FINAL/test.log" | sed 's/^/tile wi
 grep -c "bit-identical to the default: no" "$FINAL/test.log" | sed 's/^/tile widths and pipelines differing: /'
 grep -c "bit-identical to its kernel: yes" "$FINAL/test.log" | sed 's/^/default kernel choice matching its kernel: /'
 grep -c "bit-identical to its kernel: no" "$FINAL/test.log" | sed 's/^/default kernel choice differing: /'
-grep -c "depth=3 .*bit-identical to the default: yes" "$FINAL/test.log" | sed "s/^/kernel 2 depth 3 matching depth 2: /"
 grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.log"
 if [ -f "$FINAL/ncu.txt" ]; then
   echo "== ncu (T=$MOEP_NCU)"

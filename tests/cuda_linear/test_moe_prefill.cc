@@ -194,20 +194,6 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
         }
         cudalin::set_moe_prefill_kernel(0);
       }
-  // Kernel 2 in f16 holding its weights three k-tiles ahead (set_moe_prefill_v2_depth(3), which converts and
-  // multiplies each half of a k-tile in turn): the same MMA sequence per output, so bit-identical to depth 2.
-  if (f16) {
-    cudalin::set_moe_prefill_kernel(2);
-    cudalin::set_moe_prefill_v2_depth(3);
-    for (int tile_n : {0, 32, 64, 128}) {
-      const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
-      const bool same = std::memcmp(first[2].data(), got.data(), got.size() * 4) == 0;
-      std::printf("moe_prefill_f16 kernel=2 depth=3 tile=%d bit-identical to the default: %s\n", tile_n,
-                  same ? "yes" : "no");
-      EXPECT_TRUE(same) << "kernel 2 depth 3 tile " << tile_n << " differs from depth 2";
-    }
-    cudalin::set_moe_prefill_v2_depth(2);
-  }
   // The default (kernel chosen by tile width): kernel 2 at tiles of 32, kernel 1 at 128, one of them by heuristic.
   cudalin::set_moe_prefill_kernel(0);
   for (int tile_n : {0, 32, 128}) {
@@ -348,7 +334,6 @@ TEST(CudaMoePrefill, ShapeErrors) {
   EXPECT_THROW(cudalin::set_moe_prefill_tile_n(48), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_kernel(3), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_kernel(-1), Error);
-  EXPECT_THROW(cudalin::set_moe_prefill_v2_depth(4), Error);
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(small_shape(), 8);
   EXPECT_THROW(cudalin::moe_prefill(small_shape(), nullptr, nullptr, nullptr, nullptr, 9, nullptr, false, ws, nullptr),
                Error);

@@ -239,8 +239,5 @@ void set_moe_prefill_pipeline(int p);
 // the weights; another k order inside each MMA, so not bit-identical to 1); 0 (default): 2 for token tiles of
 // up to 64, 1 for tiles of 128. The pipeline knob applies to kernel 1.
 void set_moe_prefill_kernel(int k);
-// Test/benchmark knob: kernel 2 in f16 holds its weights this many k-tiles (of 64) ahead of use in registers, 2
-// (default) or 3. Results do not depend on it.
-void set_moe_prefill_v2_depth(int d);
 
 }  // namespace dsv4::cudalin

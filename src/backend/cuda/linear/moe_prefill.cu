@@ -22,7 +22,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
@@ -43,7 +42,6 @@ int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async
 // (moe_gemm_v2_kernel), 0 = by tile width: 2 up to 64 tokens, 1 at 128 (H200 run 41, bench_cuda_moe_prefill, f16:
 // kernel 2 1.26x / 1.14x faster at T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it spills)).
 int g_kernel = 0;
-int g_v2_depth = 2;         // kernel 2 in f16: k-tiles of weights in registers ahead of use (set_moe_prefill_v2_depth)
 
 int pad4(int T) { return (T + 3) & ~3; }
 
@@ -486,9 +484,7 @@ struct RawA {
   uint32_t s0, s1;
 };
 
-// DEPTH: k-tiles of weights held in registers ahead of use: 2 (the whole k-tile converted at once), or 3 (an
-// experiment: each half of the k-tile converted and multiplied in turn, to free registers for the third slot).
-template <int BN, bool GATE, bool F16, int DEPTH>
+template <int BN, bool GATE, bool F16>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   constexpr int NT = BN / 8;               // n8 tiles per warp (every warp covers all BN tokens)
@@ -582,64 +578,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
     }
   };
 
-  // DEPTH 3: half h of the k-tile (MMAs kk = 2h, 2h+1) at a time. convert_half: the 8 k of row g and of row
-  // g+8 in words wg, wg8 (k 16 t4 + 8h .. +7) -> af[kk & 1] as convert's af[kk]; compute_half: the lane's B chunk
-  // 2 t4 + h of token row 8 j + g holds those MMAs' k-pairs.
-  using Scale = std::conditional_t<F16, uint32_t, dev::Fp4Scale>;
-  auto convert_half = [&](uint32_t wg, uint32_t wg8, const Scale& c0, const Scale& c1, uint32_t (&af)[2][4]) {
-    uint32_t q0[4], q1[4];  // the 4 natural k-pairs of each row
-    if constexpr (F16) fp4_word_to_f16(wg, c0, q0), fp4_word_to_f16(wg8, c1, q1);
-    else fp4_word_to_bf16(wg, c0, q0), fp4_word_to_bf16(wg8, c1, q1);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) af[m][0] = q0[2 * m], af[m][1] = q1[2 * m], af[m][2] = q0[2 * m + 1], af[m][3] = q1[2 * m + 1];
-  };
-  auto compute_half = [&](uint32_t st, int h, const uint32_t (&af)[2][4]) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      uint32_t b[4];
-      lds128(st + (h ? rd_off1 : rd_off0) + 1024 * j, b);
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        if constexpr (F16) dev::mma_f16(acc[j], af[m][0], af[m][1], af[m][2], af[m][3], b[2 * m], b[2 * m + 1]);
-        else dev::mma(acc[j], af[m][0], af[m][1], af[m][2], af[m][3], b[2 * m], b[2 * m + 1]);
-      }
-    }
-  };
-
-  static_assert(kV2Stages == 3, "the stage rotation below assumes 3 stages");
-  if constexpr (DEPTH == 3) {
-    RawA ra[3];
-    cpB(0, sB), cpB(1, sB + kBStage);
-#pragma unroll
-    for (int d = 0; d < 3; ++d)
-      if (d < nk) ldA(d, ra[d]);
-    uint32_t st_cur = sB, st_old = sB + 2 * kBStage;  // stages of k-tiles kt and kt - 1 (= kt + 2)
-    // As DEPTH 2's iteration below, but the weights of kt + 3 take r's registers once the second half's two
-    // words are copied out.
-    auto iter3 = [&](int kt, RawA& r) {
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-      __syncthreads();
-      cpB(kt + 2, st_old);
-      Scale c0, c1;
-      if constexpr (F16) c0 = dev::fp4_f16_factor(r.s0), c1 = dev::fp4_f16_factor(r.s1);
-      else c0 = dev::fp4_scale(r.s0), c1 = dev::fp4_scale(r.s1);
-      uint32_t af[2][4];
-      convert_half(r.w0.x, r.w1.x, c0, c1, af);
-      const uint32_t hi_g = r.w0.y, hi_g8 = r.w1.y;
-      if (kt + 3 < nk) ldA(kt + 3, r);
-      compute_half(st_cur, 0, af);
-      convert_half(hi_g, hi_g8, c0, c1, af);
-      compute_half(st_cur, 1, af);
-      st_old = st_cur;
-      st_cur = st_cur == sB + 2 * kBStage ? sB : st_cur + kBStage;
-    };
-    for (int kt = 0; kt < nk; kt += 3) {
-      iter3(kt, ra[0]);
-      if (kt + 1 < nk) iter3(kt + 1, ra[1]);
-      if (kt + 2 < nk) iter3(kt + 2, ra[2]);
-    }
-  } else {
   // Prologue: B of k-tiles 0 and 1 in flight, weights of 0 and 1 in registers.
+  static_assert(kV2Stages == 3, "the stage rotation below assumes 3 stages");
   RawA ra0, ra1;
   cpB(0, sB), cpB(1, sB + kBStage);
   ldA(0, ra0);
@@ -662,7 +602,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
     iter(kt, ra0);
     if (kt + 1 < nk) iter(kt + 1, ra1);
   }
-  }  // DEPTH 2 (not re-indented, so that its text stays the code run 43 validated)
 
   // Epilogue. acc[j][2 hh + c] = (MMA row g + 8 hh of the warp, token 8 j + 2 t4 + c).
 #pragma unroll
@@ -722,19 +661,18 @@ void set_smem_attr() {  // dynamic shared memory above 48 KB needs the opt-in (p
              "moe_prefill smem attribute");
 }
 
-template <int BN, bool GATE, bool F16, int DEPTH>
+template <int BN, bool GATE, bool F16>
 void set_smem_attr_v2() {
   static_assert(gemm_v2_smem<BN>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
-  check_cuda(cudaFuncSetAttribute(moe_gemm_v2_kernel<BN, GATE, F16, DEPTH>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_v2_smem<BN>()),
+  check_cuda(cudaFuncSetAttribute(moe_gemm_v2_kernel<BN, GATE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  gemm_v2_smem<BN>()),
              "moe_prefill smem attribute");
 }
 
 template <int BN>
 void set_smem_attrs() {
-  set_smem_attr_v2<BN, true, false, 2>(), set_smem_attr_v2<BN, false, false, 2>();
-  set_smem_attr_v2<BN, true, true, 2>(), set_smem_attr_v2<BN, false, true, 2>();
-  set_smem_attr_v2<BN, true, true, 3>(), set_smem_attr_v2<BN, false, true, 3>();
+  set_smem_attr_v2<BN, true, false>(), set_smem_attr_v2<BN, false, false>();
+  set_smem_attr_v2<BN, true, true>(), set_smem_attr_v2<BN, false, true>();
   set_smem_attr<BN, true, 0>(), set_smem_attr<BN, false, 0>();
   set_smem_attr<BN, true, 0, true>(), set_smem_attr<BN, false, 0, true>();
   set_smem_attr<BN, true, pipe_slots<BN>()>(), set_smem_attr<BN, false, pipe_slots<BN>()>();
@@ -747,9 +685,9 @@ void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stre
              "moe_gemm_kernel launch");
 }
 
-template <int BN, bool GATE, bool F16, int DEPTH = 2>
+template <int BN, bool GATE, bool F16>
 void launch_gemm_v2(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
-  check_cuda(cuda::launch(moe_gemm_v2_kernel<BN, GATE, F16, DEPTH>, dim3(grid_x, max_tiles), dim3(kThreads),
+  check_cuda(cuda::launch(moe_gemm_v2_kernel<BN, GATE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
                           gemm_v2_smem<BN>(), stream, a),
              "moe_gemm_v2_kernel launch");
 }
@@ -761,12 +699,8 @@ void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int m
                  cudaStream_t st) {
   const int kernel = g_kernel ? g_kernel : BN <= 64 ? 2 : 1;
   if (kernel == 2) {
-    if (f16 && g_v2_depth == 3)
-      launch_gemm_v2<BN, true, true, 3>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, true, 3>(g2, gx2, max_tiles, st);
-    else if (f16)
-      launch_gemm_v2<BN, true, true>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, true>(g2, gx2, max_tiles, st);
-    else
-      launch_gemm_v2<BN, true, false>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, false>(g2, gx2, max_tiles, st);
+    if (f16) launch_gemm_v2<BN, true, true>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, true>(g2, gx2, max_tiles, st);
+    else launch_gemm_v2<BN, true, false>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, false>(g2, gx2, max_tiles, st);
   } else if (f16) {
     launch_gemm<BN, true, 0, true>(g1, gx1, max_tiles, st);
     launch_gemm<BN, false, 0, true>(g2, gx2, max_tiles, st);
@@ -802,11 +736,6 @@ void set_moe_prefill_tile_n(int n) {
 void set_moe_prefill_kernel(int k) {
   if (k < 0 || k > 2) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (by tile width), 1 or 2"));
   g_kernel = k;
-}
-
-void set_moe_prefill_v2_depth(int d) {
-  if (d != 2 && d != 3) throw Error(str_cat("set_moe_prefill_v2_depth: ", d, " not 2 or 3"));
-  g_v2_depth = d;
 }
 
 void set_moe_prefill_pipeline(int p) {
