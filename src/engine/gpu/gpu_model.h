@@ -26,7 +26,8 @@ struct GpuOptions {
   int max_seqs = 4;                // sequences held at once = most tokens per step (1..64)
   int64_t max_model_len = 4096;    // positions per sequence
   // Every linear layer and the routed experts in fp32 activations through the glue kernels (slow; for
-  // checking the engine against the CPU without the bf16 activation rounding of the GEMV kernels).
+  // checking the engine against the CPU without the bf16 activation rounding of the GEMV kernels). Above 64
+  // tokens the router's linear stays on its fp32 cuBLAS GEMM while router_gemm is on (also no 16-bit rounding).
   bool exact_linear = false;
   bool exact_moe = false;          // only the routed experts through the fp32 glue (implied by exact_linear)
   bool progress = false;           // weight upload progress on stderr
