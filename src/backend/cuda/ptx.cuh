@@ -58,8 +58,8 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // Whether this block is the last of `expected` blocks to arrive at *counter; the whole block calls it after
 // its global writes, with `flag` a __shared__ variable. The writes are fenced before the block counts itself
 // in, and the last block fences again before it reads the others' writes. That block re-arms the counter
-// (*counter = 0) when it is done, for the next launch or graph replay. (The split-K reduction of the GEMVs,
-// their head-norm epilogue and the one-token hc_pre kernel.)
+// (*counter = 0) when it is done, for the next launch or graph replay. (The split-K reduction of the GEMVs and
+// the one-token hc_pre kernel.)
 template <typename Flag>
 __device__ __forceinline__ bool last_block_to_arrive(int* counter, int expected, Flag& flag) {
   __threadfence();

@@ -231,8 +231,8 @@ void moe_prefill_f16(const MoeShape& s, const DevExpert* experts, const float* x
 
 // Test/benchmark knob: token rows per GEMM tile (32, 64 or 128); 0 restores the heuristic (from T*top_k/E).
 void set_moe_prefill_tile_n(int n);
-// Test/benchmark knob: 0 = register-staged weight pipeline (default, validated); 1 = cp.async ring with
-// 2-3 k-tiles in flight (opt-in; docs/GEMM_MOE.md "MoE prefill" says whether it has been run on a GPU yet).
+// Test/benchmark knob for GEMM kernel 1: 0 = register-staged weight pipeline (default); 1 = cp.async ring with
+// 2-3 k-tiles in flight (opt-in: exact, and 10-20% slower on the H200, docs/GEMM_MOE.md "MoE prefill").
 void set_moe_prefill_pipeline(int p);
 // Test/benchmark knob: the GEMM kernel. 1: weights dequantized into shared memory, ldmatrix for both operands;
 // 2: each warp converts its own weight rows from registers straight into MMA fragments (no shared memory for
