@@ -9,6 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--router-glue] [--moe-prefill-bf16]
+//                     [--moe-prefill-kernel N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -28,6 +29,7 @@
 // --router-glue: GpuOptions::router_gemm off (steps of > 64 tokens keep the router's fp32 glue linear instead of
 //   cuBLAS in fp32).
 // --moe-prefill-bf16: GpuOptions::moe_prefill_f16 off (steps of > 64 tokens run the routed experts in bf16).
+// --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
 //   tokens (default 1): off, w2, w13 or all (the default).
 #include <cuda_runtime.h>
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--router-glue") router_gemm = false;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
+    else if (a == "--moe-prefill-kernel") cudalin::set_moe_prefill_kernel(std::atoi(next().c_str()));
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
       const std::string v = next(), kind = v.substr(0, v.find(':'));

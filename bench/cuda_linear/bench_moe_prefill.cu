@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
     double ours, peer, peer1, peer2, sweep[3], sweep1[3];  // sweep1: pipeline 1 (cp.async ring)
     double f16, sweep16[3];                                 // moe_prefill_f16
     double k2, k2f16, sweep2f16[3];                         // GEMM kernel 2: bf16, f16 (heuristic), f16 per tile
+    double k3, k3f16, sweep3f16[3];                         // GEMM kernel 3 (wgmma)
     double def, def16;                                      // the default kernel choice (by tile width)
   };
   std::vector<Row> rows;
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
     Row r{};
     r.T = T, r.M = T * K / E;
     if (profile_T) {
-      for (int kernel : {1, 2}) {
+      for (int kernel : {1, 2, 3}) {
         cudalin::set_moe_prefill_kernel(kernel);
         cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr);
         cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr);
@@ -222,6 +223,14 @@ int main(int argc, char** argv) {
     cudalin::set_moe_prefill_tile_n(0);
     r.k2f16 = tm.median_us(reps, f16);
     r.k2 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    cudalin::set_moe_prefill_kernel(3);
+    for (int i = 0; i < 3; ++i) {
+      cudalin::set_moe_prefill_tile_n(tn[i]);
+      r.sweep3f16[i] = tm.median_us(reps, f16);
+    }
+    cudalin::set_moe_prefill_tile_n(0);
+    r.k3f16 = tm.median_us(reps, f16);
+    r.k3 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     cudalin::set_moe_prefill_kernel(0);
     r.def = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
     r.def16 = tm.median_us(reps, f16);
@@ -256,7 +265,7 @@ int main(int argc, char** argv) {
   std::printf("Kernel 1 (set_moe_prefill_kernel(1)), bf16:\n| T | rows/expert | ours (us) | ours TFLOP/s | cuBLAS bf16 batched (us) | cuBLAS TFLOP/s | ours/cuBLAS "
               "speed | weight floor ours / bf16 (us) | tile 32 / 64 / 128 (us) | pipeline 1: tile 32 / 64 / 128 (us) | "
               "cuBLAS w13 / w2 (us) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string f16_rows, k2_rows, def_rows;
+  std::string f16_rows, k2_rows, k3_rows, def_rows;
   for (const Row& r : rows) {
     const double flops = 6.0 * r.T * K * double(H) * I;
     std::printf("| %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f "
@@ -271,6 +280,10 @@ int main(int argc, char** argv) {
                   r.f16, r.k2, r.k2f16, flops / r.k2f16 * 1e-6, r.f16 / r.k2f16, r.peer / r.k2f16, r.sweep2f16[0],
                   r.sweep2f16[1], r.sweep2f16[2]);
     k2_rows += line;
+    std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.1f / %.1f / %.1f |\n", r.T,
+                  r.k2f16, r.k3, r.k3f16, flops / r.k3f16 * 1e-6, r.k2f16 / r.k3f16, r.peer / r.k3f16, r.sweep3f16[0],
+                  r.sweep3f16[1], r.sweep3f16[2]);
+    k3_rows += line;
     std::snprintf(line, sizeof line, "| %d | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx |\n", r.T, r.ours, r.def, r.def16,
                   flops / r.def16 * 1e-6, r.ours / r.def16, r.peer / r.def16);
     def_rows += line;
@@ -282,7 +295,12 @@ int main(int argc, char** argv) {
               "kernel 1 f16 (us) | kernel 2 bf16 (us) | kernel 2 f16 (us) | kernel 2 f16 TFLOP/s | speed-up over kernel 1 "
               "f16 | / cuBLAS speed | kernel 2 f16 tile 32 / 64 / 128 (us) |\n|---|---|---|---|---|---|---|---|\n%s",
               k2_rows.c_str());
-  std::printf("\nThe default (kernel 2 for token tiles up to 64, kernel 1 at 128); moe_prefill_f16 is the engine's path:\n"
+  std::printf("\nGEMM kernel 3 (set_moe_prefill_kernel(3): kernel 2 on wgmma, sm_90a), same routes:\n"
+              "| T | kernel 2 f16 (us) | kernel 3 bf16 (us) | kernel 3 f16 (us) | kernel 3 f16 TFLOP/s | speed-up over "
+              "kernel 2 f16 | / cuBLAS speed | kernel 3 f16 tile 32 / 64 / 128 (us) |\n|---|---|---|---|---|---|---|---|\n%s",
+              k3_rows.c_str());
+  std::printf("\nThe default (kernel 3 on compute capability 9.0, else kernel 2 for token tiles up to 64, kernel 1 at "
+              "128); moe_prefill_f16 is the engine's path:\n"
               "| T | kernel 1 bf16 (us) | default bf16 (us) | default f16 (us) | f16 TFLOP/s | speed-up over kernel 1 bf16 "
               "| / cuBLAS speed |\n|---|---|---|---|---|---|---|\n%s", def_rows.c_str());
   cudalin::moe_prefill_workspace_destroy(ws);

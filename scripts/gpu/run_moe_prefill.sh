@@ -37,7 +37,7 @@ fi
 bench=$(find $B -name bench_cuda_moe_prefill -type f -perm -u+x | head -1)
 timeout ${MOEP_BENCH_TIMEOUT:-150} "$bench" $QUICK > "$FINAL/bench.log" 2>&1 || { echo "bench failed"; tail -8 "$FINAL/bench.log"; status=1; }
 if [ -n "${MOEP_NCU:-}" ] && command -v ncu > /dev/null; then
-  timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k "regex:moe_gemm_(v2_)?kernel" --section SpeedOfLight \
+  timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k "regex:moe_gemm_(v2_|wgmma_)?kernel" --section SpeedOfLight \
     --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
     --metrics "regex:smsp__average_warps_issue_stalled_(barrier|long_scoreboard|short_scoreboard|wait|math_pipe_throttle|mio_throttle)_per_issue_active\.ratio" \
     "$bench" --profile "$MOEP_NCU" > "$FINAL/ncu.txt" 2>&1
@@ -48,7 +48,7 @@ echo "== test lines (worst first by model error)"
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
 echo "cases run: $(grep -cE '^moe_prefill(_f16)? hidden' "$FINAL/test.log")"
-grep -E "^moe_prefill(_f16)? (kernel [12] vs moe_decode|graph)" "$FINAL/test.log"
+grep -E "^moe_prefill(_f16)? (kernel [123] vs moe_decode|graph|misaligned)" "$FINAL/test.log"
 grep -c "bit-identical to the default: yes" "$FINAL/test.log" | sed 's/^/tile widths and pipelines bit-identical: /'
 grep -c "bit-identical to the default: no" "$FINAL/test.log" | sed 's/^/tile widths and pipelines differing: /'
 grep -c "bit-identical to its kernel: yes" "$FINAL/test.log" | sed 's/^/default kernel choice matching its kernel: /'
@@ -56,8 +56,8 @@ grep -c "bit-identical to its kernel: no" "$FINAL/test.log" | sed 's/^/default k
 grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.log"
 if [ -f "$FINAL/ncu.txt" ]; then
   echo "== ncu (T=$MOEP_NCU)"
-  grep -E "moe_gemm_(v2_)?kernel<|Duration|Issued Warp|Achieved Occupancy|Registers Per|stalled_" "$FINAL/ncu.txt" |
-    sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -120
+  grep -E "moe_gemm_(v2_|wgmma_)?kernel<|Duration|Issued Warp|Achieved Occupancy|Registers Per|stalled_" "$FINAL/ncu.txt" |
+    sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -170
 fi
 echo "== bench"
 grep -E "copy bandwidth" "$FINAL/bench.log"

@@ -25,14 +25,18 @@ struct Experts {
   std::unique_ptr<DevBuf<cudalin::DevExpert>> dev;
 };
 
-inline const uint8_t* up(Experts& X, const std::vector<uint8_t>& v) {
-  X.bufs.push_back(std::make_unique<DevBuf<uint8_t>>(v));
-  return X.bufs.back()->p;
+// Device copy of v starting `offset` bytes into its allocation (offset 1: a misaligned pointer).
+inline const uint8_t* up(Experts& X, const std::vector<uint8_t>& v, int offset = 0) {
+  std::vector<uint8_t> padded(offset, 0);
+  padded.insert(padded.end(), v.begin(), v.end());
+  X.bufs.push_back(std::make_unique<DevBuf<uint8_t>>(padded));
+  return X.bufs.back()->p + offset;
 }
 
 // Scale bytes in [e_lo, e_hi]; the default 2^-8 .. 2^-7 (|W| <= 0.05) gives g, u ~ O(1) for unit activations
-// (clamp exercised by x * 12).
-inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s, int e_lo = 119, int e_hi = 120) {
+// (clamp exercised by x * 12). scale_offset 1 puts every scale array at an odd address.
+inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s, int e_lo = 119, int e_hi = 120,
+                            int scale_offset = 0) {
   Experts X;
   for (int e = 0; e < s.n_experts; ++e) {
     X.w1.push_back(random_fp4(rng, s.inter, s.hidden, e_lo, e_hi));
@@ -44,7 +48,9 @@ inline Experts make_experts(std::mt19937_64& rng, const cudalin::MoeShape& s, in
     bind(X.w1[e]), bind(X.w2[e]), bind(X.w3[e]);
     X.views.push_back({X.w1[e].view, X.w2[e].view, X.w3[e].view});
     X.W1.push_back(dequant(X.w1[e].view)), X.W2.push_back(dequant(X.w2[e].view)), X.W3.push_back(dequant(X.w3[e].view));
-    d[e] = {up(X, X.w1[e].w), up(X, X.w1[e].s), up(X, X.w3[e].w), up(X, X.w3[e].s), up(X, X.w2[e].w), up(X, X.w2[e].s)};
+    const int so = scale_offset;
+    d[e] = {up(X, X.w1[e].w), up(X, X.w1[e].s, so), up(X, X.w3[e].w), up(X, X.w3[e].s, so), up(X, X.w2[e].w),
+            up(X, X.w2[e].s, so)};
   }
   X.dev = std::make_unique<DevBuf<cudalin::DevExpert>>(d);
   return X;

@@ -18,8 +18,10 @@
 // moe_prefill_f16 (x and h in f16, weights converted exactly to f16): f16 rounds 8x finer than bf16, so the same
 // bounds hold against the float64 model that rounds x and h to f16 (x is given f16-exact here) and against
 // moe_decode's f16 path (ActFormat::kF16); each case runs in both formats.
-// GEMM kernel 2 (set_moe_prefill_kernel(2): weights converted straight into MMA fragments, another k order inside
-// each MMA) is held to the same bounds, and its tile widths to bit-identity among themselves.
+// GEMM kernels 2 (set_moe_prefill_kernel(2): weights converted straight into MMA fragments, another k order inside
+// each MMA) and 3 (kernel 2 on wgmma, compute capability 9.0 only; x and h stored in its pair order) are held to
+// the same bounds, and each kernel's tile widths to bit-identity among themselves; also with scale arrays at odd
+// addresses.
 #include <algorithm>
 #include <memory>
 #include <numeric>
@@ -35,6 +37,21 @@ namespace dsv4 {
 namespace {
 
 using namespace lintest;
+
+// The GEMM kernels to test: 1 and 2 everywhere, 3 (wgmma) on compute capability 9.0.
+std::vector<int> gemm_kernels() {
+  cudaDeviceProp p{};
+  ok(cudaGetDeviceProperties(&p, 0), "device properties");
+  if (p.major == 9 && p.minor == 0) return {1, 2, 3};
+  return {1, 2};
+}
+
+// Where kernel 3 stores element k of an h row (its pair order, docs/GEMM_MOE.md "Kernel 3"): in each 64-wide block,
+// real pair p = 8 t + 2 kk + h sits at pair 8 kk + 4 h + t.
+int kernel3_pos(int k) {
+  const int p = (k & 63) >> 1, t = p >> 3, kk = (p >> 1) & 3, h = p & 1;
+  return (k & ~63) + 2 * (8 * kk + 4 * h + t) + (k & 1);
+}
 
 struct Inputs {
   std::vector<float> xf, wts;
@@ -84,7 +101,7 @@ std::vector<float> run_prefill(const cudalin::MoeShape& s, const Experts& X, con
 // The permutation (counts, offsets, pairs sorted by (expert, t, k)) against the host's, and h at a few
 // permuted positions against float64 (isolates the routing, the w1/w3 GEMM and the w2 GEMM when one fails).
 void check_internals(const cudalin::MoeShape& s, const Experts& X, const Inputs& in, int T,
-                     const cudalin::MoePrefillWorkspace& ws, bool f16) {
+                     const cudalin::MoePrefillWorkspace& ws, bool f16, bool h_kernel3_order) {
   const int P = T * s.top_k, E = s.n_experts;
   std::vector<int> counts(E), offsets(E + 1), perm(P);
   ok(cudaMemcpy(counts.data(), ws.counts, E * 4, cudaMemcpyDeviceToHost), "counts");
@@ -117,7 +134,7 @@ void check_internals(const cudalin::MoeShape& s, const Experts& X, const Inputs&
       const double L = s.swiglu_limit;
       if (L > 0) g = std::min(g, L), u = std::clamp(u, -L, L);
       const double ref = g / (1.0 + std::exp(-g)) * u * in.wts[p];
-      const uint16_t hb = h[size_t(pos) * s.inter + i];
+      const uint16_t hb = h[size_t(pos) * s.inter + (h_kernel3_order ? kernel3_pos(i) : i)];
       const double d = (f16 ? f16_to_f32(hb) : bf16_to_f32(hb)) - ref;
       num += d * d, den += ref * ref;
     }
@@ -151,11 +168,11 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
   for (double v : model) maxref = std::max(maxref, std::fabs(v));
 
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(s, T);
-  std::vector<float> first[3];  // by GEMM kernel: its default tile width's output
-  for (int kernel : {1, 2})
+  std::vector<float> first[4];  // by GEMM kernel: its default tile width's output
+  for (int kernel : gemm_kernels())
     for (int pipe : {0, 1})
       for (int tile_n : {0, 32, 64, 128}) {
-        if ((f16 || kernel == 2) && pipe == 1) continue;  // the opt-in pipeline exists for kernel 1 in bf16 only
+        if ((f16 || kernel != 1) && pipe == 1) continue;  // the opt-in pipeline exists for kernel 1 in bf16 only
         cudalin::set_moe_prefill_kernel(kernel);
         cudalin::set_moe_prefill_pipeline(pipe);
         const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
@@ -180,7 +197,7 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
             }
         }
         if (pipe == 0 && tile_n == 0) {
-          check_internals(s, X, in, T, ws, f16);
+          check_internals(s, X, in, T, ws, f16, kernel == 3);
           first[kernel] = got;
           const std::vector<float> again = run_prefill(s, X, in, T, accumulate, 0, prior, ws, f16);
           EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "not bit-reproducible, " << what;
@@ -194,12 +211,14 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
         }
         cudalin::set_moe_prefill_kernel(0);
       }
-  // The default (kernel chosen by tile width): kernel 2 at tiles of 32, kernel 1 at 128, one of them by heuristic.
+  // The default: kernel 3 on compute capability 9.0; elsewhere by tile width, kernel 2 at tiles of 32, kernel 1
+  // at 128, one of them by heuristic.
   cudalin::set_moe_prefill_kernel(0);
+  const bool k3 = gemm_kernels().size() == 3;
   for (int tile_n : {0, 32, 128}) {
     const std::vector<float> got = run_prefill(s, X, in, T, accumulate, tile_n, prior, ws, f16);
     auto same = [&](int k) { return std::memcmp(first[k].data(), got.data(), got.size() * 4) == 0; };
-    const bool ok = tile_n == 32 ? same(2) : tile_n == 128 ? same(1) : same(1) || same(2);
+    const bool ok = k3 ? same(3) : tile_n == 32 ? same(2) : tile_n == 128 ? same(1) : same(1) || same(2);
     std::printf("moe_prefill%s default kernel tile=%d bit-identical to its kernel: %s\n", f16 ? "_f16" : "", tile_n,
                 ok ? "yes" : "no");
     EXPECT_TRUE(ok) << "default kernel at tile " << tile_n;
@@ -222,7 +241,7 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
     if (accumulate)
       for (size_t i = 0; i < dec.size(); ++i) dec[i] -= prior[i];
     const std::vector<double> dec_d(dec.begin(), dec.end());
-    for (int kernel : {1, 2}) {
+    for (int kernel : gemm_kernels()) {
       const ErrStats ed = compare(first[kernel], dec_d, ones);
       std::printf("moe_prefill%s kernel %d vs moe_decode T=%d: rel %.3g, max err/max|ref| %.3g\n", f16 ? "_f16" : "",
                   kernel, T, ed.rel_norm, ed.worst / std::max(maxref, 1e-300));
@@ -320,9 +339,36 @@ void graph_replay(bool f16, int kernel) {
 
 TEST(CudaMoePrefill, GraphReplay) {
   DSV4_REQUIRE_GPU();
-  for (int kernel : {1, 2}) {
+  for (int kernel : gemm_kernels()) {
     graph_replay(false, kernel);
     graph_replay(true, kernel);
+  }
+}
+
+// Scale arrays at odd addresses (the engine's are cudaMalloc-aligned; a kernel that copied scale words would
+// need a fallback): every kernel reads them byte by byte and still matches the float64 model.
+TEST(CudaMoePrefill, MisalignedScales) {
+  DSV4_REQUIRE_GPU();
+  const cudalin::MoeShape s = small_shape();
+  const int T = 300;
+  for (bool f16 : {false, true}) {
+    std::mt19937_64 rng(seed() ^ 0xA11C ^ f16);
+    Experts X = make_experts(rng, s, 119, 120, /*scale_offset=*/1);
+    const Inputs in = make_inputs(rng, s, T, Route::kRandom, 1.f, f16);
+    const std::vector<double> model = model_moe(s, X, in.xf, T, in.idx, in.wts, f16);
+    cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(s, T);
+    std::vector<float> got[4];
+    for (int kernel : gemm_kernels()) {
+      cudalin::set_moe_prefill_kernel(kernel);
+      got[kernel] = run_prefill(s, X, in, T, false, 0, {}, ws, f16);
+      const ErrStats em = compare(got[kernel], model, std::vector<double>(model.size(), 1.0));
+      std::printf("moe_prefill%s misaligned scales, kernel %d: vs float64 model %.3g\n", f16 ? "_f16" : "", kernel,
+                  em.rel_norm);
+      EXPECT_EQ(em.non_finite, 0) << "kernel " << kernel;
+      EXPECT_LE(em.rel_norm, 2e-4) << "kernel " << kernel;
+    }
+    cudalin::set_moe_prefill_kernel(0);
+    cudalin::moe_prefill_workspace_destroy(ws);
   }
 }
 
@@ -332,7 +378,7 @@ TEST(CudaMoePrefill, ShapeErrors) {
   s.hidden = 1000;
   EXPECT_THROW(cudalin::moe_prefill_workspace_create(s, 8), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_tile_n(48), Error);
-  EXPECT_THROW(cudalin::set_moe_prefill_kernel(3), Error);
+  EXPECT_THROW(cudalin::set_moe_prefill_kernel(4), Error);
   EXPECT_THROW(cudalin::set_moe_prefill_kernel(-1), Error);
   cudalin::MoePrefillWorkspace ws = cudalin::moe_prefill_workspace_create(small_shape(), 8);
   EXPECT_THROW(cudalin::moe_prefill(small_shape(), nullptr, nullptr, nullptr, nullptr, 9, nullptr, false, ws, nullptr),

@@ -236,8 +236,10 @@ void set_moe_prefill_tile_n(int n);
 void set_moe_prefill_pipeline(int p);
 // Test/benchmark knob: the GEMM kernel. 1: weights dequantized into shared memory, ldmatrix for both operands;
 // 2: each warp converts its own weight rows from registers straight into MMA fragments (no shared memory for
-// the weights; another k order inside each MMA, so not bit-identical to 1); 0 (default): 2 for token tiles of
-// up to 64, 1 for tiles of 128. The pipeline knob applies to kernel 1.
+// the weights; another k order inside each MMA, so not bit-identical to 1); 3: kernel 2 on Hopper's wgmma
+// (compute capability 9.0 only, else moe_prefill throws; x and h stored in its pair order; tiles of at most 64
+// tokens by default); 0 (default): 3 on compute capability 9.0, elsewhere 2 for token tiles of up to 64, 1 for
+// tiles of 128. The pipeline knob applies to kernel 1.
 void set_moe_prefill_kernel(int k);
 
 }  // namespace dsv4::cudalin

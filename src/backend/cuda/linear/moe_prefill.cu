@@ -28,19 +28,20 @@
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/linear/linear_cuda.h"
+#include "backend/cuda/linear/moe_prefill_gemm.cuh"
 #include "core/error.h"
 
 namespace dsv4::cudalin {
 namespace {
+using namespace moep;
 
-constexpr int kBM = 128;    // weight rows per block (GATE: 64 rows of w1 interleaved by 16 with the same 64 of w3)
-constexpr int kBK = 64;     // K per pipeline stage (two MXFP4 scale blocks)
-constexpr int kThreads = 256;  // 8 warps: 4 along M x 2 along N
 int g_tile_n = 0;           // benchmark/test knob: 0 = heuristic
 int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async ring (opt-in; exact, slower: run 16)
 // GEMM kernel: 1 = weights dequantized into shared memory (moe_gemm_kernel), 2 = straight into A fragments
-// (moe_gemm_v2_kernel), 0 = by tile width: 2 up to 64 tokens, 1 at 128 (H200 run 41, bench_cuda_moe_prefill, f16:
-// kernel 2 1.26x / 1.14x faster at T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it spills)).
+// (moe_gemm_v2_kernel), 3 = kernel 2 on wgmma (moe_prefill_wgmma.cu, compute capability 9.0), 0 = 3 where it
+// runs (H200 run 46, bench_cuda_moe_prefill, f16: 1.07x / 1.28x / 1.25x over the previous default at T = 512 /
+// 2048 / 8192), else by tile width: 2 up to 64 tokens, 1 at 128 (run 41: kernel 2 1.26x / 1.14x faster at
+// T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it spills)).
 int g_kernel = 0;
 
 int pad4(int T) { return (T + 3) & ~3; }
@@ -142,104 +143,6 @@ __global__ void place_kernel(const int32_t* idx, int P, int E, const int* rank, 
 }
 
 // ------------------------------------------------------------------ grouped GEMM
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // 0: zero-fill
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
-}
-// Byte offset of the 16-byte chunk `c` (0..7) of row `r` in a [rows][64] bf16 tile, XOR-swizzled so that
-// eight consecutive rows' chunk c land in eight different bank groups (conflict-free ldmatrix and stores).
-__device__ __forceinline__ uint32_t tile_off(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
-
-// 8 e2m1 weights (one 32-bit word, low nibble first) -> 4 bf16x2 words in natural k order, scale applied
-// exactly (frag.cuh: the code placed at bf16 bits 15 / 8..6 is value * 2^-126, fp4_apply multiplies by 2^(e-1)).
-__device__ __forceinline__ void fp4_word_to_bf16(uint32_t w, const dev::Fp4Scale& s, uint32_t (&o)[4]) {
-  const uint32_t p0 = dev::e2m1_pair<0>(w), p1 = dev::e2m1_pair<1>(w);  // (n0, n4), (n1, n5)
-  const uint32_t p2 = dev::e2m1_pair<2>(w), p3 = dev::e2m1_pair<3>(w);  // (n2, n6), (n3, n7)
-  o[0] = dev::fp4_apply(dev::prmt(p0, p1, 0x5410), s);  // (n0, n1)
-  o[1] = dev::fp4_apply(dev::prmt(p2, p3, 0x5410), s);  // (n2, n3)
-  o[2] = dev::fp4_apply(dev::prmt(p0, p1, 0x7632), s);  // (n4, n5)
-  o[3] = dev::fp4_apply(dev::prmt(p2, p3, 0x7632), s);  // (n6, n7)
-}
-
-// The f16 path (F16): 8 e2m1 weights -> 4 f16x2 words in natural k order, exact for UE8M0 scale bytes in
-// [104, 136] (frag.cuh: each nibble becomes an e4m3 worth 2^-6 times its value, cvt.rn.f16x2.e4m3x2 converts a
-// pair exactly, one f16 multiply by factor = 2^(e-121) applies the scale). Half the instructions of the bf16
-// conversion above: the bf16 one builds each pair from shifted masks and needs two multiplies per pair.
-__device__ __forceinline__ void fp4_word_to_f16(uint32_t w, uint32_t factor, uint32_t (&o)[4]) {
-  const uint32_t ev = dev::e2m1_even_e4m3(w), od = dev::e2m1_odd_e4m3(w);  // (n0, n2, n4, n6), (n1, n3, n5, n7)
-  const uint32_t lo = dev::prmt(ev, od, 0x5140), hi = dev::prmt(ev, od, 0x7362);  // (n0..n3), (n4..n7)
-  o[0] = dev::hmul2(dev::e4m3x2_f16_lo(lo), factor);  // (n0, n1)
-  o[1] = dev::hmul2(dev::e4m3x2_f16_hi(lo), factor);  // (n2, n3)
-  o[2] = dev::hmul2(dev::e4m3x2_f16_lo(hi), factor);  // (n4, n5)
-  o[3] = dev::hmul2(dev::e4m3x2_f16_hi(hi), factor);  // (n6, n7)
-}
-
-struct GemmArgs {
-  const DevExpert* experts;
-  const uint16_t* act;   // GATE: x [T, hidden]; else h [P, inter] in permuted order (bf16, or f16 with F16)
-  int K;                 // reduction length (GATE: hidden, else inter)
-  int n_out;             // output features (GATE: inter, else hidden)
-  int top_k;
-  const int* perm;       // [P] pair id at each permuted position
-  const int* counts;     // [E]
-  const int* offsets;    // [E+1]
-  const int2* tiles;     // {expert, first row inside the expert}
-  const int* n_tiles;
-  const float* weights;  // [P] routing weights (GATE)
-  uint16_t* h;           // GATE out: bf16 (f16 with F16) [P, inter]
-  float* ybuf;           // down out: fp32 [P, hidden], row = pair id
-  float limit;
-};
-
-// The token tile of block row blockIdx.y: its expert, first permuted position and valid rows; s_pair / s_w get
-// each row's pair id (-1 past the tile) and, for GATE, its routing weight. False for a surplus block (the grid
-// is sized for the worst case; the tile count lives on the device).
-struct TokenTile {
-  int e, pos0, nvalid;
-};
-template <int BN, bool GATE>
-__device__ __forceinline__ bool load_token_tile(const GemmArgs& a, TokenTile& tt, int* s_pair, float* s_w) {
-  if (blockIdx.y >= *a.n_tiles) return false;
-  const int2 tile = a.tiles[blockIdx.y];
-  tt.e = tile.x;
-  tt.pos0 = a.offsets[tt.e] + tile.y;
-  tt.nvalid = min(BN, a.counts[tt.e] - tile.y);
-  for (int i = threadIdx.x; i < BN; i += kThreads) {
-    const int p = i < tt.nvalid ? a.perm[tt.pos0 + i] : -1;
-    s_pair[i] = p;
-    if (GATE) s_w[i] = p >= 0 ? a.weights[p] : 0.f;
-  }
-  return true;
-}
-// The activation rows this thread copies into shared memory: tile row (tid >> 3) + 32 i -> its token (GATE)
-// or permuted position, bit 31 set past the tile (the copy then zero-fills).
-template <int NB, bool GATE>
-__device__ __forceinline__ void act_rows(const GemmArgs& a, const TokenTile& tt, uint32_t (&brow)[NB]) {
-#pragma unroll
-  for (int i = 0; i < NB; ++i) {
-    const int r = (threadIdx.x >> 3) + 32 * i;
-    const int pos = tt.pos0 + (r < tt.nvalid ? r : 0);
-    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < tt.nvalid ? 0u : 0x80000000u);
-  }
-}
-// h = silu(min(g, L)) * clamp(u, -L, L) * w (no clamp when L <= 0).
-__device__ __forceinline__ float swiglu_weighted(float gv, float uv, float limit, float w) {
-  if (limit > 0.f) gv = fminf(gv, limit), uv = fminf(fmaxf(uv, -limit), limit);
-  return gv / (1.0f + expf(-gv)) * uv * w;
-}
-
 // One block: kBM weight rows x BN token rows of one expert's tile, all of K. A (weights): MXFP4 loaded to
 // registers two stages ahead, dequantized exactly and stored to shared memory as bf16; B (activations):
 // cp.async (zero-filled past the expert's rows). Double-buffered shared memory, ldmatrix + mma.sync.
@@ -464,25 +367,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
 // dot products are the same sums over k in another order inside each MMA: no longer bit-identical to kernel 1,
 // but bit-identical across tile widths. B streams through a 3-stage cp.async ring, one barrier per k-tile;
 // each weight is converted once per block (the warps split the rows, not the tokens).
-__device__ __forceinline__ uint2 ld_stream8(const void* p) {  // 8 read-once weight bytes: skip L1
-  uint2 r;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ void lds128(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 constexpr int kV2Stages = 3;  // B ring depth
 template <int BN>
 constexpr int gemm_v2_smem() {
   return kV2Stages * BN * kBK * 2;
 }
-
-// Raw weights of one k-tile for one thread: 8 bytes of each of its two rows and their scale bytes.
-struct RawA {
-  uint2 w0, w1;
-  uint32_t s0, s1;
-};
 
 template <int BN, bool GATE, bool F16>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
@@ -501,44 +390,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
 
   const DevExpert ex = a.experts[e];
   const int K = a.K, nk = K / kBK;
-  // This thread's two weight rows (MMA rows g and g+8 of the warp's 16) from byte 8 t4 of each k-tile's 32.
-  const uint8_t *w0src, *w1src, *s0src, *s1src;
-  if (GATE) {
-    const int f = blockIdx.x * (kBM / 2) + 8 * warp + g;
-    w0src = ex.w1 + size_t(f) * (K / 2), s0src = ex.s1 + size_t(f) * (K / 32);
-    w1src = ex.w3 + size_t(f) * (K / 2), s1src = ex.s3 + size_t(f) * (K / 32);
-  } else {
-    const int r = blockIdx.x * kBM + 16 * warp + g;
-    w0src = ex.w2 + size_t(r) * (K / 2), s0src = ex.s2 + size_t(r) * (K / 32);
-    w1src = w0src + size_t(8) * (K / 2), s1src = s0src + size_t(8) * (K / 32);
-  }
-  w0src += 8 * t4, w1src += 8 * t4, s0src += t4 >> 1, s1src += t4 >> 1;
-  auto ldA = [&](int kt, RawA& r) {
-    r.w0 = ld_stream8(w0src + kt * 32), r.w1 = ld_stream8(w1src + kt * 32);
-    r.s0 = __ldg(s0src + kt * 2), r.s1 = __ldg(s1src + kt * 2);
-  };
-  // A fragments of the k-tile: af[kk] = {row g k-pair 2kk, row g+8 pair 2kk, row g pair 2kk+1, row g+8 pair 2kk+1}.
-  auto convert = [&](const RawA& r, uint32_t (&af)[4][4]) {
-    // q[w][i]: k-pair i of word w (row g: words 0, 1; row g+8: words 2, 3); pair 2kk of a row is word kk/2's
-    // pair 2 (kk & 1), pair 2kk+1 the one after it.
-    uint32_t q[4][4];
-    const uint32_t wd[4] = {r.w0.x, r.w0.y, r.w1.x, r.w1.y};
-    if constexpr (F16) {
-      const uint32_t f0 = dev::fp4_f16_factor(r.s0), f1 = dev::fp4_f16_factor(r.s1);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) fp4_word_to_f16(wd[w], w < 2 ? f0 : f1, q[w]);
-    } else {
-      const dev::Fp4Scale c0 = dev::fp4_scale(r.s0), c1 = dev::fp4_scale(r.s1);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) fp4_word_to_bf16(wd[w], w < 2 ? c0 : c1, q[w]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int w = kk >> 1, i = 2 * (kk & 1);
-      af[kk][0] = q[w][i], af[kk][1] = q[2 + w][i], af[kk][2] = q[w][i + 1], af[kk][3] = q[2 + w][i + 1];
-    }
-  };
-
+  const WeightRows<GATE> wrows(ex, K, warp, g, t4);
   // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7 (as kernel 1).
   uint32_t brow[NB];
   act_rows<NB, GATE>(a, tt, brow);
@@ -582,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
   static_assert(kV2Stages == 3, "the stage rotation below assumes 3 stages");
   RawA ra0, ra1;
   cpB(0, sB), cpB(1, sB + kBStage);
-  ldA(0, ra0);
-  if (nk > 1) ldA(1, ra1);
+  wrows.load(0, ra0);
+  if (nk > 1) wrows.load(1, ra1);
   uint32_t st_cur = sB, st_old = sB + 2 * kBStage;  // stages of k-tiles kt and kt - 1 (= kt + 2)
   // Iteration kt: B(kt) landed for every thread (wait + barrier, which also frees the stage of kt-1 for kt+2);
   // the weights of kt (loaded two iterations ago) become A fragments and their registers take kt+2's.
@@ -592,8 +444,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
     __syncthreads();
     cpB(kt + 2, st_old);
     uint32_t af[4][4];
-    convert(r, af);
-    if (kt + 2 < nk) ldA(kt + 2, r);
+    raw_to_frags<F16>(r, af);
+    if (kt + 2 < nk) wrows.load(kt + 2, r);
     compute(st_cur, af);
     st_old = st_cur;
     st_cur = st_cur == sB + 2 * kBStage ? sB : st_cur + kBStage;
@@ -692,12 +544,12 @@ void launch_gemm_v2(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t s
              "moe_gemm_v2_kernel launch");
 }
 
+
 // The w1/w3 then the w2 GEMM: kernel 2 (either format), else kernel 1 in f16 (default pipeline), or in bf16 on
 // the default or the opt-in pipeline.
 template <int BN>
-void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe, bool f16,
-                 cudaStream_t st) {
-  const int kernel = g_kernel ? g_kernel : BN <= 64 ? 2 : 1;
+void launch_both(int kernel, const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool pipe,
+                 bool f16, cudaStream_t st) {
   if (kernel == 2) {
     if (f16) launch_gemm_v2<BN, true, true>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, true>(g2, gx2, max_tiles, st);
     else launch_gemm_v2<BN, true, false>(g1, gx1, max_tiles, st), launch_gemm_v2<BN, false, false>(g2, gx2, max_tiles, st);
@@ -713,10 +565,14 @@ void launch_both(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int m
   }
 }
 
+// Kernel 3 (wgmma) is the default where it runs; it is fastest at tiles of 64 even with 192 rows per expert
+// (T = 8192 at V4-Flash width; its tile of 128 spills), kernels 1 and 2 take 128 there.
+bool kernel3_by_default() { return g_kernel == 0 && wgmma_supported(); }
 int pick_tile_n(const MoeShape& s, int T) {
   if (g_tile_n) return g_tile_n;
   const double avg = double(T) * s.top_k / s.n_experts;  // rows per expert under uniform routing
-  return avg <= 40 ? 32 : avg <= 96 ? 64 : 128;
+  const bool cap64 = g_kernel == 3 || kernel3_by_default();
+  return avg <= 40 ? 32 : avg <= 96 || cap64 ? 64 : 128;
 }
 
 void check_shape(const MoeShape& s, const char* who) {
@@ -734,7 +590,7 @@ void set_moe_prefill_tile_n(int n) {
 }
 
 void set_moe_prefill_kernel(int k) {
-  if (k < 0 || k > 2) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (by tile width), 1 or 2"));
+  if (k < 0 || k > 3) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (by tile width), 1, 2 or 3"));
   g_kernel = k;
 }
 
@@ -747,6 +603,7 @@ MoePrefillWorkspace moe_prefill_workspace_create(const MoeShape& s, int max_toke
   check_shape(s, "moe_prefill_workspace_create");
   if (max_tokens <= 0) throw Error(str_cat("moe_prefill_workspace_create: max_tokens ", max_tokens));
   set_smem_attrs<32>(), set_smem_attrs<64>(), set_smem_attrs<128>();
+  wgmma_set_attrs();
   MoePrefillWorkspace ws;
   ws.shape = s;
   ws.max_tokens = max_tokens;
@@ -793,9 +650,16 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   if (max_tiles > 65535) throw Error(str_cat("cuda moe_prefill: T = ", T, " needs ", max_tiles, " tile rows (> 65535)"));
 
   const bool f16 = x32 != nullptr;
-  if (f16) {
-    cast_f32_to_f16(x32, reinterpret_cast<uint16_t*>(ws.ybuf), int64_t(T) * s.hidden, stream);
-    x16 = reinterpret_cast<const uint16_t*>(ws.ybuf);
+  const int kernel = g_kernel ? g_kernel : kernel3_by_default() ? 3 : BN <= 64 ? 2 : 1;
+  if (kernel == 3 && !wgmma_supported())
+    throw Error("cuda moe_prefill: GEMM kernel 3 (wgmma) needs compute capability 9.0 (set_moe_prefill_kernel)");
+  uint16_t* x_ws = reinterpret_cast<uint16_t*>(ws.ybuf);  // free until the w2 GEMM writes it
+  if (kernel == 3) {  // x in kernel 3's pair order (moe_prefill_wgmma.cu), rounded to f16 or copied
+    permute_act(f16 ? static_cast<const void*>(x32) : x16, f16, x_ws, int64_t(T) * s.hidden, stream);
+    x16 = x_ws;
+  } else if (f16) {
+    cast_f32_to_f16(x32, x_ws, int64_t(T) * s.hidden, stream);
+    x16 = x_ws;
   }
   check_cuda(cudaMemsetAsync(ws.mark, 0, size_t(E) * ldm, stream), "moe_prefill memset");
   check_cuda(cuda::launch(mark_kernel, dim3((T + 255) / 256), dim3(256), 0, stream, idx, T, K, E, ldm, ws.mark), "mark_kernel launch");
@@ -814,10 +678,11 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   g2.act = ws.h, g2.K = s.inter, g2.n_out = s.hidden;
   const int gx1 = s.inter / (kBM / 2), gx2 = s.hidden / kBM;
   const bool pipe = g_pipeline == 1;
-  switch (BN) {
-    case 32: launch_both<32>(g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
-    case 64: launch_both<64>(g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
-    default: launch_both<128>(g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
+  if (kernel == 3) launch_gemm_pair_wgmma(BN, g1, gx1, g2, gx2, max_tiles, f16, stream);
+  else switch (BN) {
+    case 32: launch_both<32>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
+    case 64: launch_both<64>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
+    default: launch_both<128>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
   }
   const int64_t n4 = int64_t(T) * s.hidden / 4;
   check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n4 + 255) / 256, 8192))), dim3(256), 0, stream, 

@@ -1,0 +1,321 @@
+// MoE prefill GEMM kernel 3 (set_moe_prefill_kernel(3); sm_90a only): kernel 2's design on Hopper's warpgroup
+// MMA. Each warp still converts its own 16 weight rows from MXFP4 straight into A fragments in registers
+// (moe_prefill_gemm.cuh: WeightRows, raw_to_frags), but a warpgroup of 4 warps multiplies them with one
+// asynchronous wgmma.m64nBNk16 per 16 k, B (the tokens) read by the tensor cores from the swizzled shared-memory
+// tile through a matrix descriptor. mma.sync needed 16-byte B loads by every warp and BN / 8 MMAs per 16 k;
+// here the conversion of the next k-tile overlaps the wgmmas of this one.
+//
+// The k relabelling of kernel 2 (lane t4 holds k 16 t4 .. 16 t4 + 15 of each 64-wide k-tile; MMA kk's fragment
+// slots 2t, 2t+1 / 8+2t, 9+2t hold k 16t+4kk+0, 1 / +2, 3) must now also hold for B, which the descriptor reads
+// in natural order: slot s of MMA kk is column 16 kk + s of the tile. So the activations are stored permuted in
+// memory, each 64-wide block by pairs: pair q = 8 kk + 4 h + t of the stored row holds pair 8 t + 2 kk + h of the
+// real one (act_pair_src). x is permuted while it is rounded to f16 (or copied, bf16) into the workspace's ybuf;
+// h, written by the w1/w3 GEMM, is stored permuted directly (act_pos). Each dot product is the same sum over k
+// as in kernel 2 in another order inside each MMA: not bit-identical to kernels 1 or 2, but to itself across
+// tile widths.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/linear/device_check.h"
+#include "backend/cuda/linear/moe_prefill_gemm.cuh"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/ptx.cuh"
+
+namespace dsv4::cudalin::moep {
+
+// Stored pair q (0..31) of a 64-wide block holds real pair act_pair_src(q); act_pos(k) is where real element k is
+// stored (its inverse, element-wise).
+__host__ __device__ constexpr int act_pair_src(int q) { return 8 * (q & 3) + 2 * (q >> 3) + ((q >> 2) & 1); }
+__host__ __device__ constexpr int act_pos(int k) {
+  const int p = (k & 63) >> 1;
+  return (k & ~63) + 2 * (8 * ((p >> 1) & 3) + 4 * (p & 1) + (p >> 3)) + (k & 1);
+}
+static_assert(act_pair_src(0) == 0 && act_pair_src(1) == 8 && act_pair_src(4) == 1 && act_pair_src(8) == 2 &&
+              act_pair_src(31) == 31, "pair permutation");
+
+// wgmma with A from registers (m64 N k16, fp32 accumulators), its fences, and the B descriptor.
+template <int N, bool F16>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_rs<32, true>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<32, false>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64, true>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64, false>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<128, true>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<128, false>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence / wait around it.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle (rows of 64 16-bit k, 16-byte
+// chunk c of row r at chunk c ^ (r & 7): tile_off's layout), 8-row groups 1024 bytes apart; `addr` is the
+// shared address of k 16 kk of row 0 inside a 1024-byte aligned tile (+ 32 kk bytes).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+}
+
+namespace {
+
+// y (16-bit, permuted) from x: n2 pairs, rows of `row` elements (a multiple of 64).
+template <typename In, bool F16>
+__global__ void permute_act_kernel(const In* x, uint32_t* y, int64_t n2) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n2; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t src = (i & ~int64_t(31)) + act_pair_src(int(i & 31));  // in pairs
+    if constexpr (F16) {
+      const float2 v = reinterpret_cast<const float2*>(x)[src];
+      const __half2 h = __floats2half2_rn(v.x, v.y);
+      y[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      y[i] = reinterpret_cast<const uint32_t*>(x)[src];
+    }
+  }
+}
+
+constexpr int kStages = 3;  // B ring depth
+template <int BN>
+constexpr int wgmma_smem() {
+  return kStages * BN * kBK * 2 + 1024;  // + alignment of the tiles to 1024 bytes (the swizzle atom)
+}
+
+// One block: kBM weight rows (two warpgroups of 64) x BN tokens of one expert's tile, all of K.
+template <int BN, bool GATE, bool F16>
+__global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  constexpr int NB = BN * 8 / kThreads;  // 16-byte B chunks per thread per stage
+  constexpr int kBStage = BN * kBK * 2;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ int s_pair[BN];
+  __shared__ float s_w[BN];
+
+  TokenTile tt;
+  if (!load_token_tile<BN, GATE>(a, tt, s_pair, s_w)) return;
+  const int e = tt.e, pos0 = tt.pos0, nvalid = tt.nvalid;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+
+  const DevExpert ex = a.experts[e];
+  const int K = a.K, nk = K / kBK;
+  const WeightRows<GATE> wrows(ex, K, warp, g, t4);
+
+  uint32_t brow[NB];
+  act_rows<NB, GATE>(a, tt, brow);
+  const uint16_t* act = a.act + (tid & 7) * 8;
+  const uint32_t sB = (smem_u32(smem) + 1023) & ~1023u;
+  const uint32_t cp_off = tile_off(tid >> 3, tid & 7);
+  auto cpB = [&](int kt, uint32_t st) {  // always commits a group (empty past the end): uniform wait_group counts
+    if (kt < nk) {
+#pragma unroll
+      for (int i = 0; i < NB; ++i)
+        cp_async16(st + cp_off + 4096 * i, act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+    }
+    cp_commit();
+  };
+
+  // acc[4 j + 2 hh + c] = (MMA row g + 8 hh of the warp, token 8 j + 2 t4 + c), as kernel 2's acc[j][2 hh + c].
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+  // Prologue: B of k-tiles 0 and 1 in flight, the weights of 0 converted, of 1 and 2 in registers.
+  RawA ra0, ra1;
+  uint32_t af0[4][4], af1[4][4];
+  cpB(0, sB), cpB(1, sB + kBStage);
+  wrows.load(0, ra0);
+  if (nk > 1) wrows.load(1, ra1);
+  raw_to_frags<F16>(ra0, af0);
+  if (nk > 2) wrows.load(2, ra0);
+  uint32_t st_cur = sB, st_old = sB + 2 * kBStage;  // stages of k-tiles kt and kt - 1 (= kt + 2)
+  // Iteration kt: B(kt) landed for every thread (wait, proxy fence for the tensor cores' reads, barrier, which
+  // also frees the stage of kt - 1: its wgmmas completed in iteration kt - 1); four wgmmas on kt's fragments,
+  // and while they run, k-tile kt + 1's weights become the other fragments and their registers take kt + 3's.
+  auto iter = [&](int kt, const uint32_t (&af)[4][4], uint32_t (&af_next)[4][4], RawA& r_next) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    cpB(kt + 2, st_old);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN, F16>(acc, af[kk], sw128_desc(st_cur + 32 * kk));
+    wgmma_commit();
+    if (kt + 1 < nk) {
+      raw_to_frags<F16>(r_next, af_next);
+      if (kt + 3 < nk) wrows.load(kt + 3, r_next);
+    }
+    wgmma_wait0();
+    st_old = st_cur;
+    st_cur = st_cur == sB + 2 * kBStage ? sB : st_cur + kBStage;
+  };
+  for (int kt = 0; kt < nk; kt += 2) {
+    iter(kt, af0, af1, ra1);                      // k-tile kt + 1's raw weights are in ra1
+    if (kt + 1 < nk) iter(kt + 1, af1, af0, ra0);  // kt + 2's in ra0
+  }
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+
+  // Epilogue (as kernel 2's; GATE stores h at its permuted position for the w2 GEMM's B).
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * j + 2 * t4 + c;
+      if (col >= nvalid) continue;
+      if (GATE) {
+        const float hv = swiglu_weighted(acc[4 * j + c], acc[4 * j + 2 + c], a.limit, s_w[col]);
+        const int f = blockIdx.x * (kBM / 2) + 8 * warp + g;
+        a.h[size_t(pos0 + col) * a.n_out + act_pos(f)] = cuda::ptx::act16_bits_rn(hv, F16);
+      } else {
+        const size_t yrow = size_t(s_pair[col]) * a.n_out + blockIdx.x * kBM + 16 * warp + g;
+        a.ybuf[yrow] = acc[4 * j + c];
+        a.ybuf[yrow + 8] = acc[4 * j + 2 + c];
+      }
+    }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // launched only on compute capability 9.0 (wgmma_supported)
+#endif
+}
+
+template <int BN, bool GATE, bool F16>
+void set_attr() {
+  static_assert(wgmma_smem<BN>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
+  check_cuda(cudaFuncSetAttribute(moe_gemm_wgmma_kernel<BN, GATE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  wgmma_smem<BN>()),
+             "moe_prefill wgmma smem attribute");
+}
+template <int BN>
+void set_attrs() {
+  set_attr<BN, true, true>(), set_attr<BN, false, true>(), set_attr<BN, true, false>(), set_attr<BN, false, false>();
+}
+
+template <int BN, bool GATE, bool F16>
+void launch(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
+  check_cuda(cuda::launch(moe_gemm_wgmma_kernel<BN, GATE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
+                          wgmma_smem<BN>(), stream, a),
+             "moe_gemm_wgmma_kernel launch");
+}
+template <int BN>
+void launch_pair(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16, cudaStream_t st) {
+  if (f16) launch<BN, true, true>(g1, gx1, max_tiles, st), launch<BN, false, true>(g2, gx2, max_tiles, st);
+  else launch<BN, true, false>(g1, gx1, max_tiles, st), launch<BN, false, false>(g2, gx2, max_tiles, st);
+}
+
+}  // namespace
+
+bool wgmma_supported() { return device_info().cc == 90; }
+
+void wgmma_set_attrs() {
+  if (!wgmma_supported()) return;
+  set_attrs<32>(), set_attrs<64>(), set_attrs<128>();
+}
+
+void permute_act(const void* x, bool x_f32, uint16_t* y, int64_t n, cudaStream_t stream) {
+  const int64_t n2 = n / 2;
+  const int blocks = static_cast<int>(std::min<int64_t>((n2 + 255) / 256, 8192));
+  if (x_f32)
+    check_cuda(cuda::launch(permute_act_kernel<float, true>, dim3(blocks), dim3(256), 0, stream,
+                            static_cast<const float*>(x), reinterpret_cast<uint32_t*>(y), n2),
+               "permute_act launch");
+  else
+    check_cuda(cuda::launch(permute_act_kernel<uint16_t, false>, dim3(blocks), dim3(256), 0, stream,
+                            static_cast<const uint16_t*>(x), reinterpret_cast<uint32_t*>(y), n2),
+               "permute_act launch");
+}
+
+void launch_gemm_pair_wgmma(int BN, const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16,
+                            cudaStream_t st) {
+  switch (BN) {
+    case 32: launch_pair<32>(g1, gx1, g2, gx2, max_tiles, f16, st); break;
+    case 64: launch_pair<64>(g1, gx1, g2, gx2, max_tiles, f16, st); break;
+    default: launch_pair<128>(g1, gx1, g2, gx2, max_tiles, f16, st); break;
+  }
+}
+
+}  // namespace dsv4::cudalin::moep
