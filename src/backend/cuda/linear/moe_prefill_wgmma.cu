@@ -160,7 +160,7 @@ __global__ void permute_act_kernel(const In* x, uint32_t* y, int64_t n2) {
   }
 }
 
-constexpr int kStages = 3;  // B ring depth
+constexpr int kStages = 6;  // B ring depth in k-tiles: three pairs, each pair published by one barrier
 template <int BN>
 constexpr int wgmma_smem() {
   return kStages * BN * kBK * 2 + 1024;  // + alignment of the tiles to 1024 bytes (the swizzle atom)
@@ -191,11 +191,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
   const uint16_t* act = a.act + (tid & 7) * 8;
   const uint32_t sB = (smem_u32(smem) + 1023) & ~1023u;
   const uint32_t cp_off = tile_off(tid >> 3, tid & 7);
-  auto cpB = [&](int kt, uint32_t st) {  // always commits a group (empty past the end): uniform wait_group counts
+  // B of k-tiles kt and kt + 1 into the stage pair at st (nk is even: K is a multiple of 128); always commits a
+  // group (empty past the end): uniform wait_group counts.
+  auto cpB2 = [&](int kt, uint32_t st) {
     if (kt < nk) {
 #pragma unroll
-      for (int i = 0; i < NB; ++i)
-        cp_async16(st + cp_off + 4096 * i, act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < NB; ++i)
+          cp_async16(st + h * kBStage + cp_off + 4096 * i, act + size_t(brow[i] & 0x7FFFFFFFu) * K + (kt + h) * kBK,
+                     !(brow[i] >> 31));
     }
     cp_commit();
   };
@@ -205,38 +210,40 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
-  // Prologue: B of k-tiles 0 and 1 in flight, the weights of 0 converted, of 1 and 2 in registers.
+  // Prologue: B of k-tiles 0-3 in flight, the weights of 0 converted, of 1 and 2 in registers.
   RawA ra0, ra1;
   uint32_t af0[4][4], af1[4][4];
-  cpB(0, sB), cpB(1, sB + kBStage);
+  cpB2(0, sB), cpB2(2, sB + 2 * kBStage);
   wrows.load(0, ra0);
   if (nk > 1) wrows.load(1, ra1);
   raw_to_frags<F16>(ra0, af0);
   if (nk > 2) wrows.load(2, ra0);
-  uint32_t st_cur = sB, st_old = sB + 2 * kBStage;  // stages of k-tiles kt and kt - 1 (= kt + 2)
-  // Iteration kt: B(kt) landed for every thread (wait, proxy fence for the tensor cores' reads, barrier, which
-  // also frees the stage of kt - 1: its wgmmas completed in iteration kt - 1); four wgmmas on kt's fragments,
-  // and while they run, k-tile kt + 1's weights become the other fragments and their registers take kt + 3's.
-  auto iter = [&](int kt, const uint32_t (&af)[4][4], uint32_t (&af_next)[4][4], RawA& r_next) {
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    cpB(kt + 2, st_old);
+  // Iteration kt: four wgmmas on kt's fragments and B stage st; while they run, k-tile kt + 1's weights become the
+  // other fragments and their registers take kt + 3's.
+  auto iter = [&](int kt, uint32_t st, const uint32_t (&af)[4][4], uint32_t (&af_next)[4][4], RawA& r_next) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN, F16>(acc, af[kk], sw128_desc(st_cur + 32 * kk));
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN, F16>(acc, af[kk], sw128_desc(st + 32 * kk));
     wgmma_commit();
     if (kt + 1 < nk) {
       raw_to_frags<F16>(r_next, af_next);
       if (kt + 3 < nk) wrows.load(kt + 3, r_next);
     }
     wgmma_wait0();
-    st_old = st_cur;
-    st_cur = st_cur == sB + 2 * kBStage ? sB : st_cur + kBStage;
   };
+  // Per pair of k-tiles kt, kt + 1: their B landed for every thread (wait, proxy fence for the tensor cores'
+  // reads, one barrier, which also frees the pair of kt - 2: its wgmmas completed); B of kt + 4, kt + 5 goes there.
+  const uint32_t pair_last = sB + 4 * kBStage;
+  uint32_t st = sB, st_cp = pair_last;  // stage pairs of k-tiles kt and kt + 4 (= kt - 2)
   for (int kt = 0; kt < nk; kt += 2) {
-    iter(kt, af0, af1, ra1);                      // k-tile kt + 1's raw weights are in ra1
-    if (kt + 1 < nk) iter(kt + 1, af1, af0, ra0);  // kt + 2's in ra0
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    cpB2(kt + 4, st_cp);
+    iter(kt, st, af0, af1, ra1);                // k-tile kt + 1's raw weights are in ra1
+    iter(kt + 1, st + kBStage, af1, af0, ra0);  // kt + 2's in ra0
+    st_cp = st;
+    st = st == pair_last ? sB : st + 2 * kBStage;
   }
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
