@@ -6,6 +6,7 @@
 // alone, so the whole call can be captured in a CUDA graph. docs/GEMM_MOE.md ("MoE prefill") has the design.
 //
 // Kernels, in launch order:
+//   cast / permute_act                x to f16 (moe_prefill_f16) or into kernel 3's pair order, into ybuf
 //   memset(mark)                      mark[e][t] = how often token t lists expert e (u8)
 //   mark_kernel        (T threads)    fills mark
 //   rank_kernel        (E blocks)     per expert: a scan over tokens -> rank of each pair inside its expert
@@ -15,10 +16,12 @@
 //   gemm<GATE=true>                   h[pos] = 16bit(silu(min(x W1ᵀ, L)) * clamp(x W3ᵀ, -L, L) * w)   (x gathered by perm)
 //   gemm<GATE=false>                  ybuf[pair] = h[pos] W2ᵀ   (fp32, row of the pair t*top_k+k)
 //   combine_kernel                    out[t] (+)= sum_{k ascending} ybuf[t*top_k+k]
-// Two GEMM kernels: moe_gemm_kernel (kernel 1: weights dequantized into shared memory, ldmatrix for both
-// operands) and moe_gemm_v2_kernel (kernel 2: each warp converts its own weight rows from registers straight
-// into MMA fragments); the default takes kernel 2 for token tiles up to 64 and kernel 1 at 128. Each runs in
-// bf16 (moe_prefill) or f16 (moe_prefill_f16, which first rounds the fp32 x to f16 into ybuf).
+// Three GEMM kernels: moe_gemm_kernel (kernel 1: weights dequantized into shared memory, ldmatrix for both
+// operands), moe_gemm_v2_kernel (kernel 2: each warp converts its own weight rows from registers straight into
+// MMA fragments) and, in moe_prefill_wgmma.cu, kernel 3 (kernel 2's fragments multiplied by Hopper's wgmma; x and
+// h stored in its pair order). The default: kernel 3 on compute capability 9.0 (tiles up to 64), elsewhere
+// kernel 2 for token tiles up to 64 and kernel 1 at 128. Each runs in bf16 (moe_prefill) or f16
+// (moe_prefill_f16, which first rounds the fp32 x to f16 into ybuf). Pieces they share: moe_prefill_gemm.cuh.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -39,9 +42,10 @@ int g_tile_n = 0;           // benchmark/test knob: 0 = heuristic
 int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async ring (opt-in; exact, slower: run 16)
 // GEMM kernel: 1 = weights dequantized into shared memory (moe_gemm_kernel), 2 = straight into A fragments
 // (moe_gemm_v2_kernel), 3 = kernel 2 on wgmma (moe_prefill_wgmma.cu, compute capability 9.0), 0 = 3 where it
-// runs (H200 run 46, bench_cuda_moe_prefill, f16: 1.07x / 1.28x / 1.25x over the previous default at T = 512 /
-// 2048 / 8192), else by tile width: 2 up to 64 tokens, 1 at 128 (run 41: kernel 2 1.26x / 1.14x faster at
-// T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it spills)).
+// runs (H200 run 50, bench_cuda_moe_prefill, f16: 2.12 / 2.53 / 8.88 ms at T = 512 / 2048 / 8192 against the
+// previous default's 2.33 / 3.33 (kernel 2) / 10.43 (kernel 1)), else by tile width: 2 up to 64 tokens, 1 at 128
+// (run 41: kernel 2 1.26x / 1.14x faster at T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it
+// spills)).
 int g_kernel = 0;
 
 int pad4(int T) { return (T + 3) & ~3; }
@@ -544,7 +548,6 @@ void launch_gemm_v2(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t s
              "moe_gemm_v2_kernel launch");
 }
 
-
 // The w1/w3 then the w2 GEMM: kernel 2 (either format), else kernel 1 in f16 (default pipeline), or in bf16 on
 // the default or the opt-in pipeline.
 template <int BN>
@@ -590,7 +593,7 @@ void set_moe_prefill_tile_n(int n) {
 }
 
 void set_moe_prefill_kernel(int k) {
-  if (k < 0 || k > 3) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (by tile width), 1, 2 or 3"));
+  if (k < 0 || k > 3) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (the default), 1, 2 or 3"));
   g_kernel = k;
 }
 

@@ -3,7 +3,8 @@
 // (moe_prefill_gemm.cuh: WeightRows, raw_to_frags), but a warpgroup of 4 warps multiplies them with one
 // asynchronous wgmma.m64nBNk16 per 16 k, B (the tokens) read by the tensor cores from the swizzled shared-memory
 // tile through a matrix descriptor. mma.sync needed 16-byte B loads by every warp and BN / 8 MMAs per 16 k;
-// here the conversion of the next k-tile overlaps the wgmmas of this one.
+// here the conversion of the next k-tile overlaps the wgmmas of this one, and one barrier publishes B for two
+// k-tiles.
 //
 // The k relabelling of kernel 2 (lane t4 holds k 16 t4 .. 16 t4 + 15 of each 64-wide k-tile; MMA kk's fragment
 // slots 2t, 2t+1 / 8+2t, 9+2t hold k 16t+4kk+0, 1 / +2, 3) must now also hold for B, which the descriptor reads
@@ -32,8 +33,13 @@ __host__ __device__ constexpr int act_pos(int k) {
   const int p = (k & 63) >> 1;
   return (k & ~63) + 2 * (8 * ((p >> 1) & 3) + 4 * (p & 1) + (p >> 3)) + (k & 1);
 }
+constexpr bool act_pos_inverts_pair_src() {
+  for (int q = 0; q < 32; ++q)
+    if (act_pos(2 * act_pair_src(q)) != 2 * q || act_pos(2 * act_pair_src(q) + 1) != 2 * q + 1) return false;
+  return true;
+}
 static_assert(act_pair_src(0) == 0 && act_pair_src(1) == 8 && act_pair_src(4) == 1 && act_pair_src(8) == 2 &&
-              act_pair_src(31) == 31, "pair permutation");
+              act_pair_src(31) == 31 && act_pos_inverts_pair_src(), "pair order");
 
 // wgmma with A from registers (m64 N k16, fp32 accumulators), its fences, and the B descriptor.
 template <int N, bool F16>
@@ -144,7 +150,8 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
 
 namespace {
 
-// y (16-bit, permuted) from x: n2 pairs, rows of `row` elements (a multiple of 64).
+// y = x in the pair order, 16-bit (F16: fp32 x rounded to f16, as cast_f32_to_f16; else bf16 x copied): n2 pairs,
+// every row a multiple of 64 elements, so a block of 32 pairs never straddles two rows.
 template <typename In, bool F16>
 __global__ void permute_act_kernel(const In* x, uint32_t* y, int64_t n2) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
