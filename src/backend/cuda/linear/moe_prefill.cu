@@ -189,10 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
     wsrc = ex.w2 + size_t(r) * (K / 2) + half * 16;
     ssrc = ex.s2 + size_t(r) * (K / 32) + half;
   }
-  // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7.
-  uint32_t brow[NB];
-  act_rows<NB, GATE>(a, tt, brow);
-  const uint16_t* act = a.act + (tid & 7) * 8;
+  const ActCopy<NB, GATE> bcopy(a, tt);
 
   const uint32_t sA = smem_u32(smem), sB = sA + 2 * kAStage;
   // Two register slots of raw weights (named, so no dynamic register indexing): tile kt lives in slot kt & 1.
@@ -223,10 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
     }
   };
   auto cpB = [&](int kt, int stage) {
-#pragma unroll
-    for (int i = 0; i < NB; ++i)
-      cp_async16(sB + stage * kBStage + tile_off((tid >> 3) + 32 * i, tid & 7),
-                 act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+    bcopy.copy(kt, sB + stage * kBStage);
     cp_commit();
   };
 
@@ -305,10 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(GemmArgs a) {
         cp_async16(sRaw + slot * kRaw + tid * 16, wsrc + kt * 32, true);
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sScl + slot * kScl + tid * 4),
                      "l"(srow + 4 * (kt >> 1)));
-#pragma unroll
-        for (int i = 0; i < NB; ++i)
-          cp_async16(sB + slot * kBStage + tile_off((tid >> 3) + 32 * i, tid & 7),
-                     act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+        bcopy.copy(kt, sB + slot * kBStage);
       }
       cp_commit();  // empty groups past the end keep the group count uniform
     };
@@ -395,21 +386,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_v2_kernel(GemmArgs a) {
   const DevExpert ex = a.experts[e];
   const int K = a.K, nk = K / kBK;
   const WeightRows<GATE> wrows(ex, K, warp, g, t4);
-  // B rows of this thread: row (tid >> 3) + 32 i, chunk tid & 7 (as kernel 1).
-  uint32_t brow[NB];
-  act_rows<NB, GATE>(a, tt, brow);
-  const uint16_t* act = a.act + (tid & 7) * 8;
+  const ActCopy<NB, GATE> bcopy(a, tt);
   const uint32_t sB = smem_u32(smem);
-  // Shared-memory offsets: this thread's B copy chunk (row tid >> 3, + 32 i rows = + 4096 i bytes) and the two
-  // 16-byte chunks its lane reads per n8 tile (row g, + 8 j rows = + 1024 j bytes; row & 7 = g).
-  const uint32_t cp_off = tile_off(tid >> 3, tid & 7);
+  // Shared-memory offsets of the two 16-byte chunks a lane reads per n8 tile (row g, + 8 j rows = + 1024 j bytes;
+  // row & 7 = g).
   const uint32_t rd_off0 = tile_off(g, 2 * t4), rd_off1 = tile_off(g, 2 * t4 + 1);
   auto cpB = [&](int kt, uint32_t st) {  // always commits a group (empty past the end): uniform wait_group counts
-    if (kt < nk) {
-#pragma unroll
-      for (int i = 0; i < NB; ++i)
-        cp_async16(st + cp_off + 4096 * i, act + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
-    }
+    if (kt < nk) bcopy.copy(kt, st);
     cp_commit();
   };
 

@@ -95,17 +95,31 @@ __device__ __forceinline__ bool load_token_tile(const GemmArgs& a, TokenTile& tt
   }
   return true;
 }
-// The activation rows this thread copies into shared memory: tile row (tid >> 3) + 32 i -> its token (GATE)
-// or permuted position, bit 31 set past the tile (the copy then zero-fills).
+// This thread's share of the activation (B) tile copies: tile rows (tid >> 3) + 32 i, 16-byte chunk tid & 7 of
+// each 64-wide k-tile, into a [BN][64] 16-bit tile in tile_off's layout (row + 32 i = + 4096 i bytes). brow[i]
+// is the row's token (GATE) or permuted position, bit 31 set past the tile (the copy then zero-fills).
 template <int NB, bool GATE>
-__device__ __forceinline__ void act_rows(const GemmArgs& a, const TokenTile& tt, uint32_t (&brow)[NB]) {
+struct ActCopy {
+  uint32_t brow[NB];
+  const uint16_t* src;  // the thread's chunk of row 0
+  uint32_t off;         // its chunk's offset in the tile
+  int K;
+  __device__ __forceinline__ ActCopy(const GemmArgs& a, const TokenTile& tt)
+      : src(a.act + (threadIdx.x & 7) * 8), off(tile_off(threadIdx.x >> 3, threadIdx.x & 7)), K(a.K) {
 #pragma unroll
-  for (int i = 0; i < NB; ++i) {
-    const int r = (threadIdx.x >> 3) + 32 * i;
-    const int pos = tt.pos0 + (r < tt.nvalid ? r : 0);
-    brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < tt.nvalid ? 0u : 0x80000000u);
+    for (int i = 0; i < NB; ++i) {
+      const int r = (threadIdx.x >> 3) + 32 * i;
+      const int pos = tt.pos0 + (r < tt.nvalid ? r : 0);
+      brow[i] = uint32_t(GATE ? a.perm[pos] / a.top_k : pos) | (r < tt.nvalid ? 0u : 0x80000000u);
+    }
   }
-}
+  // k-tile kt of the rows into the tile at shared address st (cp.async, not committed).
+  __device__ __forceinline__ void copy(int kt, uint32_t st) const {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+      cp_async16(st + off + 4096 * i, src + size_t(brow[i] & 0x7FFFFFFFu) * K + kt * kBK, !(brow[i] >> 31));
+  }
+};
 // h = silu(min(g, L)) * clamp(u, -L, L) * w (no clamp when L <= 0).
 __device__ __forceinline__ float swiglu_weighted(float gv, float uv, float limit, float w) {
   if (limit > 0.f) gv = fminf(gv, limit), uv = fminf(fmaxf(uv, -limit), limit);

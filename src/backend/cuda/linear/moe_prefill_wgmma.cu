@@ -193,22 +193,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
   const int K = a.K, nk = K / kBK;
   const WeightRows<GATE> wrows(ex, K, warp, g, t4);
 
-  uint32_t brow[NB];
-  act_rows<NB, GATE>(a, tt, brow);
-  const uint16_t* act = a.act + (tid & 7) * 8;
+  const ActCopy<NB, GATE> bcopy(a, tt);
   const uint32_t sB = (smem_u32(smem) + 1023) & ~1023u;
-  const uint32_t cp_off = tile_off(tid >> 3, tid & 7);
   // B of k-tiles kt and kt + 1 into the stage pair at st (nk is even: K is a multiple of 128); always commits a
   // group (empty past the end): uniform wait_group counts.
   auto cpB2 = [&](int kt, uint32_t st) {
-    if (kt < nk) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < NB; ++i)
-          cp_async16(st + h * kBStage + cp_off + 4096 * i, act + size_t(brow[i] & 0x7FFFFFFFu) * K + (kt + h) * kBK,
-                     !(brow[i] >> 31));
-    }
+    if (kt < nk) bcopy.copy(kt, st), bcopy.copy(kt + 1, st + kBStage);
     cp_commit();
   };
 
