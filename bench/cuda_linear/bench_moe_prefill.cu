@@ -195,44 +195,38 @@ int main(int argc, char** argv) {
       std::printf("profiled T=%d: one bf16 and one f16 call with each GEMM kernel\n", T);
       return 0;
     }
-    cudalin::set_moe_prefill_kernel(1);  // the kernel 1 rows first, then kernel 2, then the default
-    r.ours = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    auto f16 = [&] { cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr); };
+    auto bf16 = [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); };
+    cudalin::set_moe_prefill_kernel(1);  // the kernel 1 rows first, then kernels 2 and 3, then the default
+    r.ours = tm.median_us(reps, bf16);
     const int tn[3] = {32, 64, 128};
     for (int i = 0; i < 3; ++i) {
       cudalin::set_moe_prefill_tile_n(tn[i]);
-      r.sweep[i] = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+      r.sweep[i] = tm.median_us(reps, bf16);
     }
     cudalin::set_moe_prefill_pipeline(1);
     for (int i = 0; i < 3; ++i) {
       cudalin::set_moe_prefill_tile_n(tn[i]);
-      r.sweep1[i] = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+      r.sweep1[i] = tm.median_us(reps, bf16);
     }
     cudalin::set_moe_prefill_pipeline(0);
-    auto f16 = [&] { cudalin::moe_prefill_f16(s, dex, x32, didx, dw, T, out, false, ws, nullptr); };
-    for (int i = 0; i < 3; ++i) {
-      cudalin::set_moe_prefill_tile_n(tn[i]);
-      r.sweep16[i] = tm.median_us(reps, f16);
-    }
-    cudalin::set_moe_prefill_tile_n(0);
-    r.f16 = tm.median_us(reps, f16);
+    // The current kernel in f16 at each tile width and by heuristic, then in bf16 by heuristic.
+    auto sweep = [&](double (&per_tile)[3], double& f16_us, double* bf16_us) {
+      for (int i = 0; i < 3; ++i) {
+        cudalin::set_moe_prefill_tile_n(tn[i]);
+        per_tile[i] = tm.median_us(reps, f16);
+      }
+      cudalin::set_moe_prefill_tile_n(0);
+      f16_us = tm.median_us(reps, f16);
+      if (bf16_us) *bf16_us = tm.median_us(reps, bf16);
+    };
+    sweep(r.sweep16, r.f16, nullptr);  // kernel 1
     cudalin::set_moe_prefill_kernel(2);
-    for (int i = 0; i < 3; ++i) {
-      cudalin::set_moe_prefill_tile_n(tn[i]);
-      r.sweep2f16[i] = tm.median_us(reps, f16);
-    }
-    cudalin::set_moe_prefill_tile_n(0);
-    r.k2f16 = tm.median_us(reps, f16);
-    r.k2 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    sweep(r.sweep2f16, r.k2f16, &r.k2);
     cudalin::set_moe_prefill_kernel(3);
-    for (int i = 0; i < 3; ++i) {
-      cudalin::set_moe_prefill_tile_n(tn[i]);
-      r.sweep3f16[i] = tm.median_us(reps, f16);
-    }
-    cudalin::set_moe_prefill_tile_n(0);
-    r.k3f16 = tm.median_us(reps, f16);
-    r.k3 = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    sweep(r.sweep3f16, r.k3f16, &r.k3);
     cudalin::set_moe_prefill_kernel(0);
-    r.def = tm.median_us(reps, [&] { cudalin::moe_prefill(s, dex, x, didx, dw, T, out, false, ws, nullptr); });
+    r.def = tm.median_us(reps, bf16);
     r.def16 = tm.median_us(reps, f16);
     ok(cudaGetLastError(), "ours");
 
