@@ -493,19 +493,15 @@ constexpr int pipe_slots() {
 }
 
 template <int BN, bool GATE, int PIPE, bool F16 = false>
-void set_smem_attr() {  // dynamic shared memory above 48 KB needs the opt-in (per device; not a stream op)
+void set_smem_attr() {
   static_assert(gemm_smem<BN, PIPE>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
-  check_cuda(cudaFuncSetAttribute(moe_gemm_kernel<BN, GATE, PIPE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  gemm_smem<BN, PIPE>()),
-             "moe_prefill smem attribute");
+  set_gemm_smem(moe_gemm_kernel<BN, GATE, PIPE, F16>, gemm_smem<BN, PIPE>());
 }
 
 template <int BN, bool GATE, bool F16>
 void set_smem_attr_v2() {
   static_assert(gemm_v2_smem<BN>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
-  check_cuda(cudaFuncSetAttribute(moe_gemm_v2_kernel<BN, GATE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  gemm_v2_smem<BN>()),
-             "moe_prefill smem attribute");
+  set_gemm_smem(moe_gemm_v2_kernel<BN, GATE, F16>, gemm_v2_smem<BN>());
 }
 
 template <int BN>
@@ -519,16 +515,14 @@ void set_smem_attrs() {
 
 template <int BN, bool GATE, int PIPE, bool F16 = false>
 void launch_gemm(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
-  check_cuda(cuda::launch(moe_gemm_kernel<BN, GATE, PIPE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
-                          gemm_smem<BN, PIPE>(), stream, a),
-             "moe_gemm_kernel launch");
+  launch_gemm_grid(moe_gemm_kernel<BN, GATE, PIPE, F16>, gemm_smem<BN, PIPE>(), a, grid_x, max_tiles, stream,
+                   "moe_gemm_kernel launch");
 }
 
 template <int BN, bool GATE, bool F16>
 void launch_gemm_v2(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
-  check_cuda(cuda::launch(moe_gemm_v2_kernel<BN, GATE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
-                          gemm_v2_smem<BN>(), stream, a),
-             "moe_gemm_v2_kernel launch");
+  launch_gemm_grid(moe_gemm_v2_kernel<BN, GATE, F16>, gemm_v2_smem<BN>(), a, grid_x, max_tiles, stream,
+                   "moe_gemm_v2_kernel launch");
 }
 
 // The w1/w3 then the w2 GEMM: kernel 2 (either format), else kernel 1 in f16 (default pipeline), or in bf16 on

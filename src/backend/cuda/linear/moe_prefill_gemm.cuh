@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/linear/linear_cuda.h"
 
@@ -188,6 +189,19 @@ __device__ __forceinline__ void raw_to_frags(const RawA& r, uint32_t (&af)[4][4]
     const int w = kk >> 1, i = 2 * (kk & 1);
     af[kk][0] = q[w][i], af[kk][1] = q[2 + w][i], af[kk][2] = q[w][i + 1], af[kk][3] = q[2 + w][i + 1];
   }
+}
+
+// Host side of every GEMM kernel: the dynamic shared-memory opt-in (above 48 KB; per device, not a stream op)
+// and one launch over the grid (feature blocks, the worst-case token-tile count; surplus blocks exit).
+template <typename Kernel>
+void set_gemm_smem(Kernel* kernel, int smem) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "moe_prefill smem attribute");
+}
+template <typename Kernel>
+void launch_gemm_grid(Kernel* kernel, int smem, const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream,
+                      const char* what) {
+  check_cuda(cuda::launch(kernel, dim3(grid_x, max_tiles), dim3(kThreads), smem, stream, a), what);
 }
 
 // Kernel 3 (moe_prefill_wgmma.cu): wgmma needs sm_90a, so it runs on compute capability 9.0 only.

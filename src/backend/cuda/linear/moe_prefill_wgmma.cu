@@ -270,9 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
 template <int BN, bool GATE, bool F16>
 void set_attr() {
   static_assert(wgmma_smem<BN>() + 8 * BN <= 99 * 1024, "shared memory over 99 KB per block");
-  check_cuda(cudaFuncSetAttribute(moe_gemm_wgmma_kernel<BN, GATE, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  wgmma_smem<BN>()),
-             "moe_prefill wgmma smem attribute");
+  set_gemm_smem(moe_gemm_wgmma_kernel<BN, GATE, F16>, wgmma_smem<BN>());
 }
 template <int BN>
 void set_attrs() {
@@ -281,9 +279,8 @@ void set_attrs() {
 
 template <int BN, bool GATE, bool F16>
 void launch(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
-  check_cuda(cuda::launch(moe_gemm_wgmma_kernel<BN, GATE, F16>, dim3(grid_x, max_tiles), dim3(kThreads),
-                          wgmma_smem<BN>(), stream, a),
-             "moe_gemm_wgmma_kernel launch");
+  launch_gemm_grid(moe_gemm_wgmma_kernel<BN, GATE, F16>, wgmma_smem<BN>(), a, grid_x, max_tiles, stream,
+                   "moe_gemm_wgmma_kernel launch");
 }
 template <int BN>
 void launch_pair(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16, cudaStream_t st) {
