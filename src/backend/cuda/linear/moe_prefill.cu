@@ -147,6 +147,18 @@ __global__ void place_kernel(const int32_t* idx, int P, int E, const int* rank, 
 }
 
 // ------------------------------------------------------------------ grouped GEMM
+// Shared-memory helpers of kernels 1 and 2 (kernel 3's tensor cores read shared memory themselves).
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+__device__ __forceinline__ void lds128(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
 // One block: kBM weight rows x BN token rows of one expert's tile, all of K. A (weights): MXFP4 loaded to
 // registers two stages ahead, dequantized exactly and stored to shared memory as bf16; B (activations):
 // cp.async (zero-filled past the expert's rows). Double-buffered shared memory, ldmatrix + mma.sync.

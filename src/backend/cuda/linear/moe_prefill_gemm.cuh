@@ -23,14 +23,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
-}
 // Byte offset of the 16-byte chunk `c` (0..7) of row `r` in a [rows][64] bf16 tile, XOR-swizzled so that
 // eight consecutive rows' chunk c land in eight different bank groups (conflict-free ldmatrix and stores).
 __device__ __forceinline__ uint32_t tile_off(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
@@ -131,9 +123,6 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {  // 8 read-once wei
   uint2 r;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
-}
-__device__ __forceinline__ void lds128(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 // Raw weights of one k-tile for one thread: 8 bytes of each of its two rows and their scale bytes.
 struct RawA {
