@@ -89,13 +89,17 @@ void line(const char* kind, const std::string& name, double us, double bytes, do
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --quick: fewer / smaller cases; --attn: copy peer + attention only; --attn-profile: one attention prefill
-  // variant (split-bf16, 2 head tiles, 4096 queries), 4 launches, for a profiler.
+  // --quick: fewer / smaller cases; --attn: copy peer + attention only; --attn-profile[=VARIANT]: one attention
+  // prefill variant (default "split-bf16 t2"; a name from the variants below), 4096 queries, for a profiler.
   bool quick = false, attn_only = false, indexer_only = false, attn_profile = false;
+  const char* attn_profile_variant = "split-bf16 t2";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--attn") == 0) attn_only = true;
-    if (std::strcmp(argv[i], "--attn-profile") == 0) attn_only = attn_profile = true;
+    if (std::strncmp(argv[i], "--attn-profile", 14) == 0) {
+      attn_only = attn_profile = true;
+      if (argv[i][14] == '=') attn_profile_variant = argv[i] + 15;
+    }
     if (std::strcmp(argv[i], "--indexer") == 0) indexer_only = true;  // copy peer + indexer rows only
   }
   const cuda::DeviceConfig& dev = cuda::device_config();
@@ -242,13 +246,17 @@ int main(int argc, char** argv) {
     fill_bytes<<<4096, 256>>>(kv, size_t(n_rows) * rb, 3u, 120);  // finite e4m3 codes, scales 2^-127..2^-8
     float* sink = dalloc<float>(64);
     fill_normal<<<1, 64>>>(sink, 64, 8u);
-    // Variants: precision x head tiles per CTA (DSV4_ATTN_HEAD_TILES, read by each call; fp32 has none).
-    struct Variant { cuda::AttnPrecision prec; const char* tiles; const char* name; };
-    const Variant variants[] = {{cuda::AttnPrecision::kSplitBf16, "2", "split-bf16 t2"},
-                                {cuda::AttnPrecision::kSplitBf16, "1", "split-bf16 t1"},
-                                {cuda::AttnPrecision::kBf16, "2", "bf16 t2"},
-                                {cuda::AttnPrecision::kBf16, "1", "bf16 t1"},
-                                {cuda::AttnPrecision::kFp32, "2", "fp32"}};
+    // Variants: precision x kernel (DSV4_ATTN_KERNEL) x head tiles per CTA of the mma kernel
+    // (DSV4_ATTN_HEAD_TILES), both read by each call; fp32 has neither. The wgmma rows need compute capability 9.0.
+    struct Variant { cuda::AttnPrecision prec; const char* kernel; const char* tiles; const char* name; };
+    const Variant variants[] = {{cuda::AttnPrecision::kSplitBf16, "mma", "2", "split-bf16 t2"},
+                                {cuda::AttnPrecision::kSplitBf16, "mma", "1", "split-bf16 t1"},
+                                {cuda::AttnPrecision::kSplitBf16, "wgmma", "2", "split-bf16 wgmma"},
+                                {cuda::AttnPrecision::kBf16, "mma", "2", "bf16 t2"},
+                                {cuda::AttnPrecision::kBf16, "mma", "1", "bf16 t1"},
+                                {cuda::AttnPrecision::kBf16, "wgmma", "2", "bf16 wgmma"},
+                                {cuda::AttnPrecision::kFp32, "mma", "2", "fp32"}};
+    const bool has_wgmma = dev.major == 9 && dev.minor == 0;
     for (int nq : {1, 8, 64, 4096}) {
       if (quick && nq > 64) continue;
       if (attn_profile && nq != 4096) continue;
@@ -264,8 +272,10 @@ int main(int argc, char** argv) {
       const size_t ws_bytes = cuda::sparse_attention_workspace_bytes(nq, n_slots);
       void* ws = dalloc<uint8_t>(ws_bytes);
       for (const Variant& var : variants) {
-        if (attn_profile && &var != &variants[0]) continue;
+        if (attn_profile && std::strcmp(var.name, attn_profile_variant) != 0) continue;
+        if (!has_wgmma && std::strcmp(var.kernel, "wgmma") == 0) continue;
         setenv("DSV4_ATTN_HEAD_TILES", var.tiles, 1);
+        setenv("DSV4_ATTN_KERNEL", var.kernel, 1);
         cuda::SparseAttentionArgs a;
         a.kv = kv; a.n_rows = n_rows; a.row_bytes = rb; a.format = cuda::KvRowFormat::kFP8;
         a.n_slots = n_slots; a.sink = sink; a.scale = 1.0f / std::sqrt(512.f); a.n_queries = nq;
@@ -290,6 +300,7 @@ int main(int argc, char** argv) {
       CK(cudaFree(q)); CK(cudaFree(out)); CK(cudaFree(slots)); CK(cudaFree(ws));
     }
     unsetenv("DSV4_ATTN_HEAD_TILES");
+    unsetenv("DSV4_ATTN_KERNEL");
     CK(cudaFree(kv)); CK(cudaFree(sink));
   }
   return 0;

@@ -30,6 +30,7 @@ if [ $rc -ne 0 ]; then
   tail -5 "$RES/test.log"
 fi
 # The same tests with one 16-head tile per CTA forced (DSV4_ATTN_HEAD_TILES=1; by default only 1-2 queries use it).
+# The test itself runs fp8 rows on every kernel of the device (DSV4_ATTN_KERNEL=mma, and wgmma on sm_90).
 DSV4_ATTN_HEAD_TILES=1 timeout 110 "$exe" > "$RES/test_t1.log" 2>&1
 rc1=$?
 stamp "test (head tiles 1) rc=$rc1"
@@ -42,13 +43,15 @@ bench=$(find build-gpu-attn -name bench_cuda_kernels -type f -perm -u+x | head -
 timeout 60 "$bench" --attn > "$RES/bench.csv" 2> "$RES/bench.err" || { echo "bench failed"; tail "$RES/bench.err"; status=1; }
 stamp "bench done"
 python3 bench/cuda/report.py "$RES/bench.csv" > "$RES/table.md" 2>&1
-# One profiled launch of the prefill kernel (split-bf16, 2 head tiles, 4096 queries), when ncu is there.
+# One profiled launch of the prefill kernel (4096 queries; ATTN_NCU_VARIANT, default the wgmma kernel in split-bf16,
+# "split-bf16 t2" for the mma.sync one), when ncu is there.
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+NCU_VARIANT=${ATTN_NCU_VARIANT:-split-bf16 wgmma}
 if [ -n "$NCU" ]; then
-  timeout 90 "$NCU" -k regex:attn_mma --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+  timeout 90 "$NCU" -k regex:attn_ --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
     --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
-    "$bench" --attn-profile > "$RES/ncu.txt" 2>&1
+    "$bench" --attn-profile="$NCU_VARIANT" > "$RES/ncu.txt" 2>&1
   stamp "ncu rc=$?"
 else
   echo "no ncu" > "$RES/ncu.txt"
@@ -58,9 +61,11 @@ worst() {  # worst cases by ratio to the derived bound, per precision: worst LOG
 }
 echo "== errors (worst by ratio to the derived bound; all cases in test.log): ratio | case"
 for pr in split-bf16 bf16 fp32; do worst "$RES/test.log" "$pr" 3; done
+echo "== wgmma kernel:"
+grep "^\[errors\].* wgmma " "$RES/test.log" | sed -E 's/^\[errors\] //' | sort -t'(' -k2 | tail -4
 echo "== head tiles 1:"
 for pr in split-bf16 bf16; do worst "$RES/test_t1.log" "$pr" 2; done
-echo "== ncu (prefill split-bf16 t2, one launch)"
+echo "== ncu (prefill $NCU_VARIANT, one launch)"
 grep -E "Duration|Throughput|Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc|Pipe Utilization|stalled_[a-z_]+_per_issue_active\.ratio +[a-z]* +[0-9.]*[1-9]|==ERR|ERR_|rror" "$RES/ncu.txt" | \
   sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active\.ratio//; s/  +/ /g' | head -45
 echo "== $(cat "$RES/gpu.txt")"

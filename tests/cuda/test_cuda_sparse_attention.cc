@@ -253,7 +253,28 @@ void compare(const Problem& p, const std::vector<float>& got, int qi, const std:
 const cuda::AttnPrecision kPrecisions[] = {cuda::AttnPrecision::kSplitBf16, cuda::AttnPrecision::kBf16,
                                            cuda::AttnPrecision::kFp32};
 
-// One problem, launched with every precision (once for f32 rows); prints the measured errors.
+// The kernels that serve fp8 rows in the tensor-core precisions on this device, by DSV4_ATTN_KERNEL (which each
+// sparse_attention call reads): attn_mma_kernel everywhere, the wgmma kernel on compute capability 9.0. nullptr:
+// the default choice by shape. bf16 / f32 rows have one kernel per precision.
+std::vector<const char*> fp8_kernels() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major == 9 && minor == 0) return {"mma", "wgmma"};
+  return {"mma"};
+}
+// Sets DSV4_ATTN_KERNEL for its lifetime (nullptr: unset, the default choice).
+struct KernelChoice {
+  explicit KernelChoice(const char* k) {
+    if (k) setenv("DSV4_ATTN_KERNEL", k, 1);
+    else unsetenv("DSV4_ATTN_KERNEL");
+  }
+  ~KernelChoice() { unsetenv("DSV4_ATTN_KERNEL"); }
+};
+
+// One problem, launched with every precision (once for f32 rows) and, for fp8 rows, every kernel; prints the
+// measured errors.
 // Many-query runs compare queries 0-11 (every pattern twice) and every 5th one after (the float64 reference
 // costs ~40 ms per query and precision on the host).
 void run_and_check(KvDtype dtype, int n_q, int n_slots, uint64_t seed) {
@@ -263,19 +284,23 @@ void run_and_check(KvDtype dtype, int n_q, int n_slots, uint64_t seed) {
   bool cpu_checked = false;
   for (cuda::AttnPrecision pr : kPrecisions) {
     if (dtype == KvDtype::kF32 && pr != cuda::AttnPrecision::kFp32) continue;
-    DeviceProblem d(p, pr);
-    d.out.poison();
-    cuda::sparse_attention(d.args, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = d.out.download();
-    const std::string what = std::string(kv_dtype_name(dtype)) + " n_q=" + std::to_string(n_q) +
-                             " n_slots=" + std::to_string(n_slots);
-    ErrStats st;
-    for (int qi = 0; qi < n_q; ++qi)
-      if (qi < 12 || qi % 5 == 0) compare(p, got, qi, what, pr, &st, !cpu_checked);
-    cpu_checked = true;
-    std::printf("[errors] %-28s %-10s max|err| %.3g (bound ratio %.3g), vs exact f64 %.3g (rel %.3g)\n",
-                what.c_str(), precision_name(pr), st.max_err, st.max_ratio, st.max_err_exact, st.max_rel_exact);
+    const bool many = dtype == KvDtype::kFP8 && pr != cuda::AttnPrecision::kFp32;
+    for (const char* kernel : many ? fp8_kernels() : std::vector<const char*>{nullptr}) {
+      const KernelChoice choice(kernel);
+      DeviceProblem d(p, pr);
+      d.out.poison();
+      cuda::sparse_attention(d.args, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = d.out.download();
+      const std::string what = std::string(kv_dtype_name(dtype)) + " n_q=" + std::to_string(n_q) +
+                               " n_slots=" + std::to_string(n_slots) + (kernel ? std::string(" ") + kernel : "");
+      ErrStats st;
+      for (int qi = 0; qi < n_q; ++qi)
+        if (qi < 12 || qi % 5 == 0) compare(p, got, qi, what, pr, &st, !cpu_checked);
+      cpu_checked = true;
+      std::printf("[errors] %-34s %-10s max|err| %.3g (bound ratio %.3g), vs exact f64 %.3g (rel %.3g)\n",
+                  what.c_str(), precision_name(pr), st.max_err, st.max_ratio, st.max_err_exact, st.max_rel_exact);
+    }
   }
 }
 
@@ -301,39 +326,43 @@ TEST(CudaSparseAttention, PrefillManyQueries) {
 // equal to an eager launch with the same inputs and close to the float64 reference (each tensor-core precision).
 TEST(CudaSparseAttention, GraphReplayWithChangingLengths) {
   DSV4_REQUIRE_GPU();
-  for (cuda::AttnPrecision pr : {cuda::AttnPrecision::kSplitBf16, cuda::AttnPrecision::kBf16}) {
-    std::mt19937_64 rng(cuda_test::test_seed() + 7);
-    Problem p = make_problem(rng, KvDtype::kFP8, 3000, 6, 640);
-    apply_patterns(p, rng);
-    DeviceProblem d(p, pr);
-    DeviceBuffer<float> eager(p.q.size());
-    cudaStream_t st;
-    CUDA_OK(cudaStreamCreate(&st));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    cuda::sparse_attention(d.args, st);
-    CUDA_OK(cudaStreamEndCapture(st, &graph));
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    cuda::SparseAttentionArgs ea = d.args;
-    ea.out = eager.get();
-    std::uniform_int_distribution<int> len(0, 640);
-    for (int it = 0; it < 100; ++it) {
-      for (int& v : p.valid_len) v = len(rng);
-      d.valid_len.upload(p.valid_len);
-      d.out.poison();
-      CUDA_OK(cudaGraphLaunch(exec, st));
-      cuda::sparse_attention(ea, st);
-      CUDA_OK(cudaStreamSynchronize(st));
-      const auto g = d.out.download(), e = eager.download();
-      ASSERT_EQ(0, std::memcmp(g.data(), e.data(), g.size() * 4))
-          << "replay " << it << " differs from eager (" << precision_name(pr) << ")";
-      if (it % 10 == 0)
-        for (int qi = 0; qi < p.n_q; ++qi) compare(p, g, qi, "graph replay " + std::to_string(it), pr, nullptr, false);
+  for (const char* kernel : fp8_kernels()) {
+    for (cuda::AttnPrecision pr : {cuda::AttnPrecision::kSplitBf16, cuda::AttnPrecision::kBf16}) {
+      SCOPED_TRACE(kernel);
+      const KernelChoice choice(kernel);
+      std::mt19937_64 rng(cuda_test::test_seed() + 7);
+      Problem p = make_problem(rng, KvDtype::kFP8, 3000, 6, 640);
+      apply_patterns(p, rng);
+      DeviceProblem d(p, pr);
+      DeviceBuffer<float> eager(p.q.size());
+      cudaStream_t st;
+      CUDA_OK(cudaStreamCreate(&st));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      cuda::sparse_attention(d.args, st);
+      CUDA_OK(cudaStreamEndCapture(st, &graph));
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      cuda::SparseAttentionArgs ea = d.args;
+      ea.out = eager.get();
+      std::uniform_int_distribution<int> len(0, 640);
+      for (int it = 0; it < 100; ++it) {
+        for (int& v : p.valid_len) v = len(rng);
+        d.valid_len.upload(p.valid_len);
+        d.out.poison();
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        cuda::sparse_attention(ea, st);
+        CUDA_OK(cudaStreamSynchronize(st));
+        const auto g = d.out.download(), e = eager.download();
+        ASSERT_EQ(0, std::memcmp(g.data(), e.data(), g.size() * 4))
+            << "replay " << it << " differs from eager (" << precision_name(pr) << ")";
+        if (it % 10 == 0)
+          for (int qi = 0; qi < p.n_q; ++qi) compare(p, g, qi, "graph replay " + std::to_string(it), pr, nullptr, false);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(st);
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(st);
   }
 }
 

@@ -34,26 +34,21 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/ptx.cuh"
-#include "backend/cuda/rope.cuh"
+#include "backend/cuda/sparse_attention_common.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
 namespace {
-using namespace ptx;
+using namespace attn;
 
-constexpr int kH = kAttnHeads;     // 64
-constexpr int kD = kAttnDim;       // 512
 constexpr int kWarps = 16;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kHeadGroups = 2;              // CTAs per (query, split); each serves 32 heads (registers)
 constexpr int kHeadsPerWarp = kH / kHeadGroups / kWarps;  // 2
 constexpr int kTile = 16;                   // rows per tile (one per warp when loading)
-constexpr int kNope = 448;                  // fp8 layout: e4m3 dims, then 64 bf16 RoPE dims, then scales
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Decodes dims [d, d+4) of one row to fp32.
 __device__ __forceinline__ float4 load4(const uint8_t* row, int d, KvRowFormat fmt) {
@@ -87,14 +82,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-
-struct Params {
-  SparseAttentionArgs a;
-  int splits;
-  int chunk;  // slots per split (multiple of kTile)
-  float* part_acc;  // [nq, splits, 64, 512]
-  float* part_ml;   // [nq, splits, 64, 2]
-};
 
 __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
@@ -220,33 +207,6 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
   }
 }
 
-// The output epilogue (SparseAttentionArgs::rope_pos / out16) on dims 4 * tid .. 4 * tid + 3 of head h of
-// query qi, final values v: the RoPE dims hold two whole pairs per thread (the rotated block starts at a
-// multiple of 4: rope_n_freq is even), rotated as glue's heads_norm_rope(inverse) does, then written.
-__device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, int h, int tid, float4 v) {
-  const int r0 = kD - 2 * a.rope_n_freq;
-  if (a.rope_pos && 4 * tid >= r0) {
-    const int64_t pos = a.rope_pos[qi];
-    const int i = (4 * tid - r0) / 2;
-    const float2 x = rope_rotate(v.x, v.y, pos, a.rope_inv_freq[i], true);
-    const float2 y = rope_rotate(v.z, v.w, pos, a.rope_inv_freq[i + 1], true);
-    v = make_float4(x.x, x.y, y.x, y.y);
-  }
-  const int64_t o = (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid;
-  *reinterpret_cast<float4*>(a.out + o) = v;
-  if (a.out16) {
-    uint2 b;
-    if (a.out16_f16) {
-      const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
-      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-    } else {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-    }
-    *reinterpret_cast<uint2*>(a.out16 + o) = b;
-  }
-}
-
 // The epilogue alone (no split: the attention kernel wrote out), same CTA layout as the combine.
 __global__ void __launch_bounds__(128) epilogue_kernel(SparseAttentionArgs a) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
@@ -314,12 +274,6 @@ constexpr int mma_smem_bytes() {  // kTiles = 2: 87,040 (fp8) / 82,944 (bf16); k
 static_assert(mma_smem_bytes<true, 2>() <= 99 * 1024 && mma_smem_bytes<false, 2>() <= 99 * 1024,
               "sm_12x: 99 KB per block");
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
 __device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
@@ -332,28 +286,6 @@ __device__ __forceinline__ void ldsm4_t(uint32_t addr, uint32_t& r0, uint32_t& r
                : "r"(addr)
                : "memory");
 }
-// 2^x (ex2.approx: relative error ~2^-22; -inf -> 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return bf16x2_bits(__floats2bfloat162_rn(lo, hi)); }
-template <bool kSplit>
-__device__ __forceinline__ void to_frag(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  if (kSplit) split_bf16x2(x0, x1, hi, lo);
-  else hi = pack_bf16(x0, x1);
-}
-
-// Two e4m3 codes (low byte first) times the block scale s, as bf16x2 (exact: 4 significant bits).
-__device__ __forceinline__ uint32_t e4m3x2_bf16(uint32_t pair, float s) {
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(__half2(hr));
-  return pack_bf16(f.x * s, f.y * s);
-}
-
 template <bool kFp8, bool kSplit, int kTiles>
 __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
@@ -668,6 +600,19 @@ void launch_mma(const Params& p, cudaStream_t stream) {
   else launch_mma_tiles<kFp8, kSplit, 2>(p, stream);
 }
 
+// The kernel for fp8 rows in a tensor-core precision: the wgmma kernel (sparse_attention_wgmma.cu) on compute
+// capability 9.0 from kWgmmaMinQueries queries (prefill), else attn_mma_kernel. DSV4_ATTN_KERNEL=mma / wgmma
+// forces one for fp8 rows (a benchmarking and test knob; wgmma throws on other devices). Read per call, as
+// head_tiles.
+constexpr int kWgmmaMinQueries = 64;
+bool use_wgmma(int n_queries, bool fp8) {
+  if (!fp8) return false;
+  const char* e = std::getenv("DSV4_ATTN_KERNEL");
+  if (e && std::strcmp(e, "wgmma") == 0) return true;
+  if (e && std::strcmp(e, "mma") == 0) return false;
+  return n_queries >= kWgmmaMinQueries && wgmma_supported();
+}
+
 // Deterministic split choice from the shapes and the SM count only (so eager and graph runs agree): about one
 // wave of CTAs (2 per query and split), at least one 32-row tile per split.
 void choose_split(int n_queries, int n_slots, int* splits, int* chunk) {
@@ -739,6 +684,9 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   const bool fp8 = a.format == KvRowFormat::kFP8;
   if (a.format == KvRowFormat::kF32 || a.precision == AttnPrecision::kFp32) {
     check(launch(fp32_kernel, dim3(p.splits, a.n_queries, kHeadGroups), dim3(kThreads), 0, stream, p), "fp32_kernel launch");
+  } else if ((a.precision == AttnPrecision::kSplitBf16 || a.precision == AttnPrecision::kBf16) &&
+             use_wgmma(a.n_queries, fp8)) {
+    launch_wgmma(p, a.precision == AttnPrecision::kSplitBf16, stream);
   } else if (a.precision == AttnPrecision::kSplitBf16) {
     fp8 ? launch_mma<true, true>(p, stream) : launch_mma<false, true>(p, stream);
   } else if (a.precision == AttnPrecision::kBf16) {

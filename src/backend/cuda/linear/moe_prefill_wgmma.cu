@@ -23,6 +23,7 @@
 #include "backend/cuda/linear/moe_prefill_gemm.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace dsv4::cudalin::moep {
 
@@ -41,7 +42,7 @@ constexpr bool act_pos_inverts_pair_src() {
 static_assert(act_pair_src(0) == 0 && act_pair_src(1) == 8 && act_pair_src(4) == 1 && act_pair_src(8) == 2 &&
               act_pair_src(31) == 31 && act_pos_inverts_pair_src(), "pair order");
 
-// wgmma with A from registers (m64 N k16, fp32 accumulators), its fences, and the B descriptor.
+// wgmma with A from registers (m64 N k16, fp32 accumulators); fences and descriptors: backend/cuda/wgmma.cuh.
 template <int N, bool F16>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
 template <>
@@ -135,18 +136,7 @@ __device__ __forceinline__ void wgmma_rs<128, false>(float (&d)[64], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence / wait around it.
-__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle (rows of 64 16-bit k, 16-byte
-// chunk c of row r at chunk c ^ (r & 7): tile_off's layout), 8-row groups 1024 bytes apart; `addr` is the
-// shared address of k 16 kk of row 0 inside a 1024-byte aligned tile (+ 32 kk bytes).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
-}
+namespace wgmma = cuda::wgmma;
 
 namespace {
 
@@ -218,15 +208,15 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
   // Iteration kt: four wgmmas on kt's fragments and B stage st; while they run, k-tile kt + 1's weights become the
   // other fragments and their registers take kt + 3's.
   auto iter = [&](int kt, uint32_t st, const uint32_t (&af)[4][4], uint32_t (&af_next)[4][4], RawA& r_next) {
-    wgmma_fence();
+    wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN, F16>(acc, af[kk], sw128_desc(st + 32 * kk));
-    wgmma_commit();
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN, F16>(acc, af[kk], wgmma::sw128_desc(st + 32 * kk));
+    wgmma::commit();
     if (kt + 1 < nk) {
       raw_to_frags<F16>(r_next, af_next);
       if (kt + 3 < nk) wrows.load(kt + 3, r_next);
     }
-    wgmma_wait0();
+    wgmma::wait0();
   };
   // Per pair of k-tiles kt, kt + 1: their B landed for every thread (wait, proxy fence for the tensor cores'
   // reads, one barrier, which also frees the pair of kt - 2: its wgmmas completed); B of kt + 4, kt + 5 goes there.
@@ -234,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
   uint32_t st = sB, st_cp = pair_last;  // stage pairs of k-tiles kt and kt + 4 (= kt - 2)
   for (int kt = 0; kt < nk; kt += 2) {
     asm volatile("cp.async.wait_group 1;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    wgmma::fence_proxy_async();
     __syncthreads();
     cpB2(kt + 4, st_cp);
     iter(kt, st, af0, af1, ra1);                // k-tile kt + 1's raw weights are in ra1
@@ -243,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
     st = st == pair_last ? sB : st + 2 * kBStage;
   }
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+  for (int i = 0; i < BN / 2; ++i) wgmma::fence_operand(acc[i]);
 
   // Epilogue (as kernel 2's; GATE stores h at its permuted position for the w2 GEMM's B).
 #pragma unroll

@@ -1,0 +1,332 @@
+// Sparse attention on Hopper's warpgroup MMA (sm_90a only; fp8 rows; AttnPrecision kSplitBf16 / kBf16). The same
+// contract, inputs and split-K partials as attn_mma_kernel (sparse_attention.cu, which also holds the combine and
+// the epilogue); what changes is how the products run:
+//
+// One CTA of two warpgroups serves all 64 heads of one query over one split of its slots, so every decoded key
+// row serves 64 heads (32 in the mma.sync kernel). Per query the 64 heads are exactly one m64 tile:
+//  * q (times scale * log2 e, split into bf16 hi + lo as before) sits in shared memory as the A operand, eight
+//    64-dim blocks of [64 heads][128 B] in the 128-byte swizzle (backend/cuda/wgmma.cuh).
+//  * A tile of 32 gathered fp8 rows is fetched with 8-byte cp.async one tile ahead and decoded once into a bf16
+//    tile of eight 64-dim blocks [32 keys][128 B], same swizzle. The tensor cores read it twice: K-major as B of
+//    S = Q K^T (n = keys, k = dims), and MN-major (imm-trans-b) as B of O += P V (n = dims, k = keys).
+//  * Warpgroup w computes the partial S over dims 256 w .. +255 (m64n32k16, A and B from shared memory), the two
+//    partials are exchanged through shared memory and added (the same sum in both warpgroups, so both hold
+//    identical scores, maxima and sums), both run the online softmax on the 64 x 32 scores, and warpgroup w adds
+//    P V for its 256 output dims (m64n256k16, P taken from the S accumulators as A fragments in registers, the
+//    FA2 / FA3 register reuse: two n8 tiles of the accumulator are one k16 A fragment).
+// Warp i of a warpgroup holds heads 16 i .. +15 (wgmma's accumulator rows), thread (g, t) of it rows g and g + 8
+// and columns 2t, 2t + 1 of every n8 tile, as in the mma.sync kernel, so the softmax code is the same.
+//
+// Shared memory (split): q 128 KB + tile 32 KB + two raw stages 36.5 KB + S exchange 16 KB = 213.5 KB: sm_90's
+// 227 KB, not sm_12x's 99 KB, which keep the mma.sync kernel. Numerics as attn_mma_kernel: the bounds in
+// tests/cuda/test_cuda_sparse_attention.cc apply unchanged (the sum order of S over dims differs, so results are
+// not bit-identical to the mma.sync kernel, but are to themselves: fixed order, no atomics).
+#include <algorithm>
+
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/sparse_attention_common.cuh"
+#include "backend/cuda/wgmma.cuh"
+#include "core/error.h"
+
+namespace dsv4::cuda::attn {
+namespace {
+
+constexpr int kN = 32;                            // keys per tile
+constexpr int kThreads = 256;                     // two warpgroups
+constexpr int kQBytes = kH * kD * 2;              // one bf16 copy of q: 64 KB (8 blocks of 8 KB)
+constexpr int kQBlock = kH * 128;                 // 8,192
+constexpr int kTileBlock = kN * 128;              // one 64-dim block of the tile: 4,096
+constexpr int kTileBytes = 8 * kTileBlock;        // 32,768
+constexpr int kRawStride = 584;                   // fp8 bytes staged per row (583 rounded up to 8)
+constexpr int kRawChunks = kRawStride / 8;        // 73
+constexpr int kRawBytes = kN * kRawStride;        // 18,688
+constexpr int kXBytes = 2 * 4 * 4 * 32 * 16;      // S partials [warpgroup][warp][n-tile][lane] float4: 16 KB
+
+template <bool kSplit>
+constexpr int wgmma_smem_bytes() {  // split: 218,624; bf16: 153,088 (+ 1 KB to align to the swizzle atom)
+  return 1024 + (kSplit ? 2 : 1) * kQBytes + kTileBytes + 2 * kRawBytes + kXBytes;
+}
+static_assert(wgmma_smem_bytes<true>() <= 227 * 1024, "sm_90: 227 KB per block");
+
+// Byte offset of 16-byte chunk c (0..7) of row r inside a 128-byte-row block of the 128-byte swizzle.
+__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* qs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* tile = qs + (kSplit ? 2 : 1) * kQBytes;
+  uint8_t* raw = tile + kTileBytes;
+  float4* xs = reinterpret_cast<float4*>(raw + 2 * kRawBytes);
+  const SparseAttentionArgs& a = p.a;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = warp >> 2, wq = warp & 3;  // warpgroup (output dims 256 wg ..), warp in it (heads 16 wq ..)
+  const int g = lane >> 2, t = lane & 3;
+  const int qi = blockIdx.y, split = blockIdx.x;
+
+  // q * scale * log2 e as bf16 (hi, lo) into the swizzled A blocks: unit u = (head, 8-dim chunk).
+  {
+    const float qscale = a.scale * kLog2e;
+    const float* q = a.q + static_cast<int64_t>(qi) * kH * kD;
+    for (int u = tid; u < kH * kD / 8; u += kThreads) {
+      const int h = u >> 6, c = u & 63;
+      const float4 x0 = *reinterpret_cast<const float4*>(q + h * kD + 8 * c);
+      const float4 x1 = *reinterpret_cast<const float4*>(q + h * kD + 8 * c + 4);
+      uint4 hi, lo;
+      to_frag<kSplit>(x0.x * qscale, x0.y * qscale, hi.x, lo.x);
+      to_frag<kSplit>(x0.z * qscale, x0.w * qscale, hi.y, lo.y);
+      to_frag<kSplit>(x1.x * qscale, x1.y * qscale, hi.z, lo.z);
+      to_frag<kSplit>(x1.z * qscale, x1.w * qscale, hi.w, lo.w);
+      const int off = (c >> 3) * kQBlock + sw128(h, c & 7);
+      *reinterpret_cast<uint4*>(qs + off) = hi;
+      if (kSplit) *reinterpret_cast<uint4*>(qs + kQBytes + off) = lo;
+    }
+  }
+
+  float o[128];  // o[4 j + c]: head 16 wq + g (c < 2) or + 8, dim 256 wg + 8 j + 2 t + (c & 1)
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m[2], l[2];  // rows g and g + 8; l is this lane's share (summed over the quad at the end)
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    if (p.splits == 1) {  // the sink takes part directly: m = sink, l = exp(sink - m) = 1 (held by lane t = 0)
+      const float sk = a.sink[16 * wq + g + 8 * ri];
+      m[ri] = sk == -INFINITY ? -INFINITY : sk * kLog2e;
+      l[ri] = (sk != -INFINITY && t == 0) ? 1.f : 0.f;
+    } else {
+      m[ri] = -INFINITY;
+      l[ri] = 0.f;
+    }
+  }
+
+  int end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
+  const int begin = split * p.chunk;
+  end = min(end, begin + p.chunk);
+  const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
+
+  // Slot index of row `lane` of the tile at t0 (-1 past the end), loaded one tile ahead of its use.
+  auto load_idx = [&](int t0) -> int { return t0 + lane < end ? slots[t0 + lane] : -1; };
+  // Issues the cp.async of the tile's valid rows (row indices idx, one per lane) into raw stage `stage`; warp w
+  // copies rows 4 w .. 4 w + 3. Returns the valid-row mask (the same in every warp).
+  auto issue = [&](int idx, int stage) -> uint32_t {
+    const bool valid = idx >= 0 && idx < a.n_rows;
+    const uint32_t mask = __ballot_sync(0xffffffffu, valid);
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int r = 4 * warp + rr;
+      const int ridx = __shfl_sync(0xffffffffu, idx, r);
+      if ((mask >> r) & 1u) {
+        const uint8_t* src = a.kv + static_cast<int64_t>(ridx) * a.row_bytes;
+        const uint32_t dst = smem_u32(raw + stage * kRawBytes + r * kRawStride);
+#pragma unroll
+        for (int c = lane; c < kRawChunks; c += 32) cp_async8(dst + 8 * c, src + 8 * c, 8);
+      }
+    }
+    cp_async_commit();
+    return mask;
+  };
+  // Decodes raw stage `stage` into the bf16 tile: thread (key r, chunk column cc) writes 16-byte chunk cc of
+  // block b (dims 64 b + 8 cc .. +7) for b = 0..7; invalid rows become zeros (no stale value reaches a wgmma).
+  auto decode = [&](int stage, uint32_t mask) {
+    const int r = tid >> 3, cc = tid & 7;
+    const uint8_t* src = raw + stage * kRawBytes + r * kRawStride;
+    const bool valid = (mask >> r) & 1u;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (valid) {
+        if (b < 7) {  // e4m3 dims times the block's UE8M0 scale (exact in bf16)
+          const uint2 e = *reinterpret_cast<const uint2*>(src + 64 * b + 8 * cc);
+          const float s = e8m0(src[kNope + 2 * (kD - kNope) + b]);
+          v = make_uint4(e4m3x2_bf16(e.x, s), e4m3x2_bf16(e.x >> 16, s), e4m3x2_bf16(e.y, s), e4m3x2_bf16(e.y >> 16, s));
+        } else {  // the bf16 RoPE dims, copied
+          const uint2 x0 = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc);
+          const uint2 x1 = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc + 8);
+          v = make_uint4(x0.x, x0.y, x1.x, x1.y);
+        }
+      }
+      *reinterpret_cast<uint4*>(tile + b * kTileBlock + sw128(r, cc)) = v;
+    }
+  };
+
+  const uint32_t q_addr = smem_u32(qs), tile_addr = smem_u32(tile);
+  uint32_t next_mask = 0;
+  int next_idx = -1;
+  if (begin < end) {
+    next_mask = issue(load_idx(begin), 0);
+    next_idx = load_idx(begin + kN);
+  }
+  int stage = 0;
+  for (int t0 = begin; t0 < end; t0 += kN, stage ^= 1) {
+    const uint32_t mask = next_mask;
+    cp_async_wait<0>();
+    __syncthreads();  // tile t0's rows have landed; no warp still reads the bf16 tile
+    if (t0 + kN < end) {
+      next_mask = issue(next_idx, stage ^ 1);
+      next_idx = load_idx(t0 + 2 * kN);
+    }
+    decode(stage, mask);
+    wgmma::fence_proxy_async();  // the tile (and, the first time, q) visible to the tensor cores
+    __syncthreads();
+    if (mask == 0) continue;  // uniform over the CTA
+
+    // Partial S over this warpgroup's dims: 4 blocks x 4 k-steps (x hi, lo).
+    float sacc[16];
+    wgmma::fence();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const int blk = 4 * wg + kb;
+        const uint64_t kdesc = wgmma::sw128_desc(tile_addr + blk * kTileBlock + 32 * ks);
+        wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + blk * kQBlock + 32 * ks), kdesc, kb | ks);
+        if (kSplit) wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + kQBytes + blk * kQBlock + 32 * ks), kdesc, 1);
+      }
+    wgmma::commit();
+    wgmma::wait0();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) wgmma::fence_operand(sacc[i]);
+    // Exchange: S = (partial of dims 0..255) + (partial of dims 256..511), the same two addends in both warpgroups.
+    {
+      float4* mine = xs + (wg * 4 + wq) * 4 * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mine[j * 32] = make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]);
+    }
+    __syncthreads();
+    float s[4][4];
+    {
+      const float4* other = xs + ((1 - wg) * 4 + wq) * 4 * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 x = other[j * 32];
+        const float4 lo = wg == 0 ? make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]) : x;
+        const float4 hi = wg == 0 ? x : make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]);
+        s[j][0] = lo.x + hi.x;
+        s[j][1] = lo.y + hi.y;
+        s[j][2] = lo.z + hi.z;
+        s[j][3] = lo.w + hi.w;
+      }
+    }
+
+    // Online softmax (base 2), as attn_mma_kernel. c = 0, 1: row g; c = 2, 3: row g + 8; key 8 j + 2 t + (c & 1).
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+    float alpha[2], mn[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 1));
+      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 2));
+      mn[ri] = fmaxf(m[ri], mt[ri]);
+      alpha[ri] = mn[ri] == -INFINITY ? 1.f : fast_exp2(m[ri] - mn[ri]);
+      m[ri] = mn[ri];
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const bool v = ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) && mn[c >> 1] != -INFINITY;
+        s[j][c] = v ? fast_exp2(s[j][c] - mn[c >> 1]) : 0.f;
+        rs[c >> 1] += s[j][c];
+      }
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {  // the max moved: rescale (x 1 is a no-op)
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        o[4 * n] *= alpha[0]; o[4 * n + 1] *= alpha[0];
+        o[4 * n + 2] *= alpha[1]; o[4 * n + 3] *= alpha[1];
+      }
+    }
+    // P as A fragments (k = keys 16 kk .. +15), then O += P V over this warpgroup's 256 dims; the tile's keys
+    // 16 kk .. start 2048 kk bytes into each block, the four blocks of the dims 4096 bytes apart (LBO).
+    uint32_t ph[2][4], pl[kSplit ? 2 : 1][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t dummy;
+      to_frag<kSplit>(s[2 * kk][0], s[2 * kk][1], ph[kk][0], kSplit ? pl[kk % (kSplit ? 2 : 1)][0] : dummy);
+      to_frag<kSplit>(s[2 * kk][2], s[2 * kk][3], ph[kk][1], kSplit ? pl[kk % (kSplit ? 2 : 1)][1] : dummy);
+      to_frag<kSplit>(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], kSplit ? pl[kk % (kSplit ? 2 : 1)][2] : dummy);
+      to_frag<kSplit>(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], kSplit ? pl[kk % (kSplit ? 2 : 1)][3] : dummy);
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint64_t vdesc = wgmma::sw128_desc(tile_addr + 4 * wg * kTileBlock + 2048 * kk, kTileBlock);
+      wgmma::mma_rs_n256_bf16_tb(o, ph[kk], vdesc);
+      if (kSplit) wgmma::mma_rs_n256_bf16_tb(o, pl[kk % (kSplit ? 2 : 1)], vdesc);
+    }
+    wgmma::commit();
+    // Waited here, not at the next tile's barrier: an o pipeline stage open across the loop's back edge makes
+    // ptxas serialize every wgmma (C7515). The next tile's decode overwrites the tile anyway.
+    wgmma::wait0();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) wgmma::fence_operand(o[i]);
+  }
+
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+  }
+  const int h0 = 16 * wq + g, d0 = 256 * wg + 2 * t;
+  if (p.splits == 1) {
+    float* o0 = a.out + (static_cast<int64_t>(qi) * kH + h0) * kD + d0;
+    float* o1 = o0 + 8 * kD;
+    const float i0 = l[0] > 0.f ? 1.f / l[0] : 0.f, i1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o[4 * n] * i0, o[4 * n + 1] * i0);
+      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+    }
+  } else {
+    const int64_t pi = (static_cast<int64_t>(qi) * p.splits + split) * kH + h0;
+    float* o0 = p.part_acc + pi * kD + d0;
+    float* o1 = o0 + 8 * kD;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o[4 * n], o[4 * n + 1]);
+      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o[4 * n + 2], o[4 * n + 3]);
+    }
+    if (wg == 0 && t == 0) {
+      p.part_ml[2 * pi] = m[0];
+      p.part_ml[2 * pi + 1] = l[0];
+      p.part_ml[2 * (pi + 8)] = m[1];
+      p.part_ml[2 * (pi + 8) + 1] = l[1];
+    }
+  }
+#else
+  __trap();  // launched only on compute capability 9.0 (wgmma_supported)
+#endif
+}
+
+template <bool kSplit>
+void launch_kernel(const Params& p, cudaStream_t stream) {
+  constexpr int smem = wgmma_smem_bytes<kSplit>();
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(attn_wgmma_kernel<kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "sparse_attention (wgmma): shared-memory opt-in");
+    return true;
+  }();
+  (void)configured;
+  check(launch(attn_wgmma_kernel<kSplit>, dim3(p.splits, p.a.n_queries), dim3(kThreads), smem, stream, p),
+        "attn_wgmma_kernel launch");
+}
+
+}  // namespace
+
+bool wgmma_supported() { return device_config().major == 9 && device_config().minor == 0; }
+
+void launch_wgmma(const Params& p, bool split, cudaStream_t stream) {
+  if (!wgmma_supported()) fail("cuda::sparse_attention: the wgmma kernel needs compute capability 9.0");
+  if (p.a.format != KvRowFormat::kFP8) fail("cuda::sparse_attention: the wgmma kernel reads fp8 rows only");
+  split ? launch_kernel<true>(p, stream) : launch_kernel<false>(p, stream);
+}
+
+}  // namespace dsv4::cuda::attn
