@@ -6,9 +6,10 @@
 // row serves 64 heads (32 in the mma.sync kernel). Per query the 64 heads are exactly one m64 tile:
 //  * q (times scale * log2 e, split into bf16 hi + lo as before) sits in shared memory as the A operand, eight
 //    64-dim blocks of [64 heads][128 B] in the 128-byte swizzle (backend/cuda/wgmma.cuh).
-//  * A tile of 32 gathered fp8 rows is fetched with 8-byte cp.async one tile ahead and decoded once into a bf16
-//    tile of eight 64-dim blocks [32 keys][128 B], same swizzle. The tensor cores read it twice: K-major as B of
-//    S = Q K^T (n = keys, k = dims), and MN-major (imm-trans-b) as B of O += P V (n = dims, k = keys).
+//  * A tile of 32 gathered fp8 rows is loaded into registers (8-byte loads, two tiles ahead of its use) and decoded
+//    once into one of two bf16 tile buffers of eight 64-dim blocks [32 keys][128 B], same swizzle, while the
+//    tensor cores compute S of the previous tile. They read each tile twice: K-major as B of S = Q K^T (n = keys,
+//    k = dims), and MN-major (imm-trans-b) as B of O += P V (n = dims, k = keys).
 //  * Warpgroup w computes the partial S over dims 256 w .. +255 (m64n32k16, A and B from shared memory), the two
 //    partials are exchanged through shared memory and added (the same sum in both warpgroups, so both hold
 //    identical scores, maxima and sums), both run the online softmax on the 64 x 32 scores, and warpgroup w adds
@@ -17,7 +18,7 @@
 // Warp i of a warpgroup holds heads 16 i .. +15 (wgmma's accumulator rows), thread (g, t) of it rows g and g + 8
 // and columns 2t, 2t + 1 of every n8 tile, as in the mma.sync kernel, so the softmax code is the same.
 //
-// Shared memory (split): q 128 KB + tile 32 KB + two raw stages 36.5 KB + S exchange 16 KB = 213.5 KB: sm_90's
+// Shared memory (split): q 128 KB + two tiles 64 KB + S exchange 16 KB = 209 KB (+ 1 KB of alignment): sm_90's
 // 227 KB, not sm_12x's 99 KB, which keep the mma.sync kernel. Numerics as attn_mma_kernel: the bounds in
 // tests/cuda/test_cuda_sparse_attention.cc apply unchanged (the sum order of S over dims differs, so results are
 // not bit-identical to the mma.sync kernel, but are to themselves: fixed order, no atomics).
@@ -37,15 +38,20 @@ constexpr int kQBytes = kH * kD * 2;              // one bf16 copy of q: 64 KB (
 constexpr int kQBlock = kH * 128;                 // 8,192
 constexpr int kTileBlock = kN * 128;              // one 64-dim block of the tile: 4,096
 constexpr int kTileBytes = 8 * kTileBlock;        // 32,768
-constexpr int kRawStride = 584;                   // fp8 bytes staged per row (583 rounded up to 8)
-constexpr int kRawChunks = kRawStride / 8;        // 73
-constexpr int kRawBytes = kN * kRawStride;        // 18,688
+constexpr int kScaleOffset = kNope + 2 * (kD - kNope);  // 576: the 7 UE8M0 scales of an fp8 row
 constexpr int kXBytes = 2 * 4 * 4 * 32 * 16;      // S partials [warpgroup][warp][n-tile][lane] float4: 16 KB
 
 template <bool kSplit>
-constexpr int wgmma_smem_bytes() {  // split: 218,624; bf16: 153,088 (+ 1 KB to align to the swizzle atom)
-  return 1024 + (kSplit ? 2 : 1) * kQBytes + kTileBytes + 2 * kRawBytes + kXBytes;
+constexpr int wgmma_smem_bytes() {  // split: 214,016; bf16: 148,480 (+ 1 KB to align to the swizzle atom)
+  return 1024 + (kSplit ? 2 : 1) * kQBytes + 2 * kTileBytes + kXBytes;
 }
+
+// This thread's share of one tile of fp8 rows, held in registers from its load (one tile ahead) to its decode.
+struct RawRow {
+  uint2 e[7];     // 8 e4m3 bytes of each of the 7 e4m3 blocks
+  uint2 rope[2];  // 16 bytes (8 dims) of the bf16 RoPE dims
+  uint2 scales;   // the row's 7 scale bytes (and one byte of padding; rows are >= 584 bytes)
+};
 static_assert(wgmma_smem_bytes<true>() <= 227 * 1024, "sm_90: 227 KB per block");
 
 // Byte offset of 16-byte chunk c (0..7) of row r inside a 128-byte-row block of the 128-byte swizzle.
@@ -57,9 +63,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* qs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* tile = qs + (kSplit ? 2 : 1) * kQBytes;
-  uint8_t* raw = tile + kTileBytes;
-  float4* xs = reinterpret_cast<float4*>(raw + 2 * kRawBytes);
+  uint8_t* tiles = qs + (kSplit ? 2 : 1) * kQBytes;  // two bf16 tile buffers
+  float4* xs = reinterpret_cast<float4*>(tiles + 2 * kTileBytes);
   const SparseAttentionArgs& a = p.a;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2, wq = warp & 3;  // warpgroup (output dims 256 wg ..), warp in it (heads 16 wq ..)
@@ -108,72 +113,73 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
 
   // Slot index of row `lane` of the tile at t0 (-1 past the end), loaded one tile ahead of its use.
   auto load_idx = [&](int t0) -> int { return t0 + lane < end ? slots[t0 + lane] : -1; };
-  // Issues the cp.async of the tile's valid rows (row indices idx, one per lane) into raw stage `stage`; warp w
-  // copies rows 4 w .. 4 w + 3. Returns the valid-row mask (the same in every warp).
-  auto issue = [&](int idx, int stage) -> uint32_t {
+  // This thread's share of a tile's rows (row indices idx, one per lane): key r = tid / 8, 8-byte column
+  // cc = tid % 8 of each e4m3 block, 16 bytes of the RoPE dims, and the row's scale bytes. row_of returns the
+  // valid-row mask (the same in every warp) and the row's address, row 0 standing in for an invalid row
+  // (n_rows >= 1 here); load_row then reads it unconditionally. Split in two, and branch-free, because a warp
+  // vote or a divergent branch while S's wgmmas are in flight makes ptxas serialize them (C7518).
+  const int r = tid >> 3, cc = tid & 7;
+  auto row_of = [&](int idx, const uint8_t*& src) -> uint32_t {
     const bool valid = idx >= 0 && idx < a.n_rows;
     const uint32_t mask = __ballot_sync(0xffffffffu, valid);
-#pragma unroll
-    for (int rr = 0; rr < 4; ++rr) {
-      const int r = 4 * warp + rr;
-      const int ridx = __shfl_sync(0xffffffffu, idx, r);
-      if ((mask >> r) & 1u) {
-        const uint8_t* src = a.kv + static_cast<int64_t>(ridx) * a.row_bytes;
-        const uint32_t dst = smem_u32(raw + stage * kRawBytes + r * kRawStride);
-#pragma unroll
-        for (int c = lane; c < kRawChunks; c += 32) cp_async8(dst + 8 * c, src + 8 * c, 8);
-      }
-    }
-    cp_async_commit();
+    const int ridx = __shfl_sync(0xffffffffu, idx, r);
+    src = a.kv + static_cast<int64_t>((mask >> r) & 1u ? ridx : 0) * a.row_bytes;
     return mask;
   };
-  // Decodes raw stage `stage` into the bf16 tile: thread (key r, chunk column cc) writes 16-byte chunk cc of
-  // block b (dims 64 b + 8 cc .. +7) for b = 0..7; invalid rows become zeros (no stale value reaches a wgmma).
-  auto decode = [&](int stage, uint32_t mask) {
-    const int r = tid >> 3, cc = tid & 7;
-    const uint8_t* src = raw + stage * kRawBytes + r * kRawStride;
-    const bool valid = (mask >> r) & 1u;
+  auto load_row = [&](const uint8_t* src, RawRow& raw) {
+#pragma unroll
+    for (int b = 0; b < 7; ++b) raw.e[b] = *reinterpret_cast<const uint2*>(src + 64 * b + 8 * cc);
+    raw.rope[0] = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc);
+    raw.rope[1] = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc + 8);
+    raw.scales = *reinterpret_cast<const uint2*>(src + kScaleOffset);  // 7 scales + 1 byte of padding
+  };
+  // Decodes them into tile buffer `buf`: chunk cc of block b (dims 64 b + 8 cc .. +7) of key r for b = 0..7;
+  // invalid rows become zeros (no stale value reaches a wgmma).
+  auto decode = [&](const RawRow& raw, uint32_t mask, uint8_t* buf) {
+    const uint32_t keep = (mask >> r) & 1u ? 0xffffffffu : 0u;
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (valid) {
-        if (b < 7) {  // e4m3 dims times the block's UE8M0 scale (exact in bf16)
-          const uint2 e = *reinterpret_cast<const uint2*>(src + 64 * b + 8 * cc);
-          const float s = e8m0(src[kNope + 2 * (kD - kNope) + b]);
-          v = make_uint4(e4m3x2_bf16(e.x, s), e4m3x2_bf16(e.x >> 16, s), e4m3x2_bf16(e.y, s), e4m3x2_bf16(e.y >> 16, s));
-        } else {  // the bf16 RoPE dims, copied
-          const uint2 x0 = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc);
-          const uint2 x1 = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc + 8);
-          v = make_uint4(x0.x, x0.y, x1.x, x1.y);
-        }
+      uint4 v;
+      if (b < 7) {  // e4m3 dims times the block's UE8M0 scale (exact in bf16)
+        const uint32_t sw = b < 4 ? raw.scales.x : raw.scales.y;
+        const float s = e8m0(static_cast<uint8_t>(sw >> (8 * (b & 3))));
+        const uint2 e = raw.e[b];
+        v = make_uint4(e4m3x2_bf16(e.x, s), e4m3x2_bf16(e.x >> 16, s), e4m3x2_bf16(e.y, s), e4m3x2_bf16(e.y >> 16, s));
+      } else {  // the bf16 RoPE dims, copied
+        v = make_uint4(raw.rope[0].x, raw.rope[0].y, raw.rope[1].x, raw.rope[1].y);
       }
-      *reinterpret_cast<uint4*>(tile + b * kTileBlock + sw128(r, cc)) = v;
+      v = make_uint4(v.x & keep, v.y & keep, v.z & keep, v.w & keep);
+      *reinterpret_cast<uint4*>(buf + b * kTileBlock + sw128(r, cc)) = v;
     }
   };
 
-  const uint32_t q_addr = smem_u32(qs), tile_addr = smem_u32(tile);
-  uint32_t next_mask = 0;
+  // Pipeline: tile j is decoded in buffer j % 2 before the barrier that starts its iteration; while its S runs on
+  // the tensor cores, the threads decode tile j + 1 (its rows arrived in registers during iteration j - 1) into
+  // the other buffer, free since P V of tile j - 1 completed, and load the rows of tile j + 2.
+  const uint32_t q_addr = smem_u32(qs);
+  RawRow raw;
+  uint32_t cur_mask = 0, next_mask = 0;
   int next_idx = -1;
+  const uint8_t* src;
   if (begin < end) {
-    next_mask = issue(load_idx(begin), 0);
-    next_idx = load_idx(begin + kN);
+    cur_mask = row_of(load_idx(begin), src);
+    load_row(src, raw);
+    decode(raw, cur_mask, tiles);
+    next_mask = row_of(load_idx(begin + kN), src);
+    load_row(src, raw);
+    next_idx = load_idx(begin + 2 * kN);
   }
-  int stage = 0;
-  for (int t0 = begin; t0 < end; t0 += kN, stage ^= 1) {
-    const uint32_t mask = next_mask;
-    cp_async_wait<0>();
-    __syncthreads();  // tile t0's rows have landed; no warp still reads the bf16 tile
-    if (t0 + kN < end) {
-      next_mask = issue(next_idx, stage ^ 1);
-      next_idx = load_idx(t0 + 2 * kN);
-    }
-    decode(stage, mask);
-    wgmma::fence_proxy_async();  // the tile (and, the first time, q) visible to the tensor cores
+  int buf = 0;
+  for (int t0 = begin; t0 < end; t0 += kN, buf ^= 1) {
+    const uint32_t mask = cur_mask;
+    const uint32_t tile_addr = smem_u32(tiles + buf * kTileBytes);
+    const uint32_t mask2 = row_of(next_idx, src);  // tile j + 2 (loaded after S is issued)
+    wgmma::fence_proxy_async();  // tile j (and, the first time, q) visible to the tensor cores
     __syncthreads();
-    if (mask == 0) continue;  // uniform over the CTA
-
-    // Partial S over this warpgroup's dims: 4 blocks x 4 k-steps (x hi, lo).
+    // Partial S over this warpgroup's dims: 4 blocks x 4 k-steps (x hi, lo). A tile with no valid row is skipped
+    // (uniform over the CTA), but the next one is still decoded.
     float sacc[16];
+    if (mask != 0) {
     wgmma::fence();
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb)
@@ -185,6 +191,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
         if (kSplit) wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + kQBytes + blk * kQBlock + 32 * ks), kdesc, 1);
       }
     wgmma::commit();
+    }
+    // Tile j + 1 into the other buffer, the rows of j + 2 into registers (past the end: masks of 0, row 0 read).
+    decode(raw, next_mask, tiles + (buf ^ 1) * kTileBytes);
+    load_row(src, raw);
+    cur_mask = next_mask;
+    next_mask = mask2;
+    next_idx = load_idx(t0 + 3 * kN);
+    if (mask == 0) continue;
     wgmma::wait0();
 #pragma unroll
     for (int i = 0; i < 16; ++i) wgmma::fence_operand(sacc[i]);
