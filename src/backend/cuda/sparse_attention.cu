@@ -604,9 +604,9 @@ void launch_mma(const Params& p, cudaStream_t stream) {
 // capability 9.0 from kWgmmaMinQueries queries (prefill), else attn_mma_kernel. DSV4_ATTN_KERNEL=mma / wgmma
 // forces one for fp8 rows (a benchmarking and test knob; wgmma throws on other devices). Read per call, as
 // head_tiles.
-constexpr int kWgmmaMinQueries = 64;
-bool use_wgmma(int n_queries, bool fp8) {
-  if (!fp8) return false;
+constexpr int kWgmmaMinQueries = 128;  // equal to attn_mma_kernel at 64 (run 54); decode batches stay below
+bool use_wgmma(int n_queries, bool fp8, int64_t n_rows) {
+  if (!fp8 || n_rows < 1) return false;  // the wgmma kernel reads row 0 in place of invalid rows
   const char* e = std::getenv("DSV4_ATTN_KERNEL");
   if (e && std::strcmp(e, "wgmma") == 0) return true;
   if (e && std::strcmp(e, "mma") == 0) return false;
@@ -685,7 +685,7 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.format == KvRowFormat::kF32 || a.precision == AttnPrecision::kFp32) {
     check(launch(fp32_kernel, dim3(p.splits, a.n_queries, kHeadGroups), dim3(kThreads), 0, stream, p), "fp32_kernel launch");
   } else if ((a.precision == AttnPrecision::kSplitBf16 || a.precision == AttnPrecision::kBf16) &&
-             use_wgmma(a.n_queries, fp8)) {
+             use_wgmma(a.n_queries, fp8, a.n_rows)) {
     launch_wgmma(p, a.precision == AttnPrecision::kSplitBf16, stream);
   } else if (a.precision == AttnPrecision::kSplitBf16) {
     fp8 ? launch_mma<true, true>(p, stream) : launch_mma<false, true>(p, stream);

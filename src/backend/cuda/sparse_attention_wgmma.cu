@@ -2,17 +2,15 @@
 // contract, inputs and split-K partials as attn_mma_kernel (sparse_attention.cu, which also holds the combine and
 // the epilogue); what changes is how the products run:
 //
-// One CTA serves all 64 heads of one query over one split of its slots, so every decoded key row serves 64 heads
-// (32 in the mma.sync kernel). Per query the 64 heads are exactly one m64 tile. Three warpgroups, specialized
-// (setmaxnreg moves registers from the producer to the consumers):
+// One CTA of two warpgroups serves all 64 heads of one query over one split of its slots, so every decoded key
+// row serves 64 heads (32 in the mma.sync kernel). Per query the 64 heads are exactly one m64 tile:
 //  * q (times scale * log2 e, split into bf16 hi + lo as before) sits in shared memory as the A operand, eight
 //    64-dim blocks of [64 heads][128 B] in the 128-byte swizzle (backend/cuda/wgmma.cuh).
-//  * The producer warpgroup gathers tile j of 32 fp8 rows into registers (8-byte loads, issued before it waits for
-//    a free buffer) and decodes it into bf16 tile buffer j % 2, eight 64-dim blocks [32 keys][128 B], same
-//    swizzle; named barriers hand buffers between it and the consumers (full / empty). The tensor cores read each
-//    tile twice: K-major as B of S = Q K^T (n = keys, k = dims), and MN-major (imm-trans-b) as B of O += P V
-//    (n = dims, k = keys).
-//  * Consumer warpgroup w computes the partial S over dims 256 w .. +255 (m64n32k16, A and B from shared memory), the two
+//  * A tile of 32 gathered fp8 rows is loaded into registers (8-byte loads, two tiles ahead of its use) and decoded
+//    once into one of two bf16 tile buffers of eight 64-dim blocks [32 keys][128 B], same swizzle, while the
+//    tensor cores compute S of the previous tile. They read each tile twice: K-major as B of S = Q K^T (n = keys,
+//    k = dims), and MN-major (imm-trans-b) as B of O += P V (n = dims, k = keys).
+//  * Warpgroup w computes the partial S over dims 256 w .. +255 (m64n32k16, A and B from shared memory), the two
 //    partials are exchanged through shared memory and added (the same sum in both warpgroups, so both hold
 //    identical scores, maxima and sums), both run the online softmax on the 64 x 32 scores, and warpgroup w adds
 //    P V for its 256 output dims (m64n256k16, P taken from the S accumulators as A fragments in registers, the
@@ -20,7 +18,7 @@
 // Warp i of a warpgroup holds heads 16 i .. +15 (wgmma's accumulator rows), thread (g, t) of it rows g and g + 8
 // and columns 2t, 2t + 1 of every n8 tile, as in the mma.sync kernel, so the softmax code is the same.
 //
-// Shared memory (split): q 128 KB + two tiles 64 KB + S exchange 16 KB = 208 KB (+ 1 KB of alignment): sm_90's
+// Shared memory (split): q 128 KB + two tiles 64 KB + S exchange 16 KB = 209 KB (+ 1 KB of alignment): sm_90's
 // 227 KB, not sm_12x's 99 KB, which keep the mma.sync kernel. Numerics as attn_mma_kernel: the bounds in
 // tests/cuda/test_cuda_sparse_attention.cc apply unchanged (the sum order of S over dims differs, so results are
 // not bit-identical to the mma.sync kernel, but are to themselves: fixed order, no atomics).
@@ -35,12 +33,7 @@ namespace dsv4::cuda::attn {
 namespace {
 
 constexpr int kN = 32;                            // keys per tile
-constexpr int kThreads = 384;                     // two consumer warpgroups and one producer
-// Registers per thread after setmaxnreg: the consumers hold o (128) and the S fragments, the producer one tile's
-// share of raw rows. The CTA starts with 168 per thread (65536 / 384, rounded down to 8); what the producer gives
-// back, 128 x (168 - 72), is what the consumers take, 256 x (216 - 168).
-constexpr int kConsumerRegs = 216, kProducerRegs = 72;
-static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "register pool");
+constexpr int kThreads = 256;                     // two warpgroups
 constexpr int kQBytes = kH * kD * 2;              // one bf16 copy of q: 64 KB (8 blocks of 8 KB)
 constexpr int kQBlock = kH * 128;                 // 8,192
 constexpr int kTileBlock = kN * 128;              // one 64-dim block of the tile: 4,096
@@ -50,25 +43,19 @@ constexpr int kXBytes = 2 * 4 * 4 * 32 * 16;      // S partials [warpgroup][warp
 
 template <bool kSplit>
 constexpr int wgmma_smem_bytes() {  // split: 214,016; bf16: 148,480 (+ 1 KB to align to the swizzle atom)
-  return 1024 + (kSplit ? 2 : 1) * kQBytes + 2 * kTileBytes + kXBytes + 16;  // + the two tiles' masks
+  return 1024 + (kSplit ? 2 : 1) * kQBytes + 2 * kTileBytes + kXBytes;
 }
 
 // This thread's share of one tile of fp8 rows, held in registers from its load (one tile ahead) to its decode.
 struct RawRow {
   uint2 e[7];     // 8 e4m3 bytes of each of the 7 e4m3 blocks
   uint2 rope[2];  // 16 bytes (8 dims) of the bf16 RoPE dims
-  uint2 scales;   // the row's 7 scale bytes (and one byte of padding; rows are >= 584 bytes); [0] only
+  uint2 scales;   // the row's 7 scale bytes (and one byte of padding; rows are >= 584 bytes)
 };
 static_assert(wgmma_smem_bytes<true>() <= 227 * 1024, "sm_90: 227 KB per block");
 
 // Byte offset of 16-byte chunk c (0..7) of row r inside a 128-byte-row block of the 128-byte swizzle.
 __device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-// Named barriers (id 0 is __syncthreads): tile buffer b full (producer arrives, consumers wait) and empty
-// (consumers arrive, producer waits), all 384 threads; the consumers' S exchange, 256 threads.
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarExchange = 5;
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
@@ -78,12 +65,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
   uint8_t* qs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* tiles = qs + (kSplit ? 2 : 1) * kQBytes;  // two bf16 tile buffers
   float4* xs = reinterpret_cast<float4*>(tiles + 2 * kTileBytes);
-  uint32_t* tile_mask = reinterpret_cast<uint32_t*>(xs + kXBytes / 16);  // valid rows of each buffer's tile
   const SparseAttentionArgs& a = p.a;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = warp >> 2, wq = warp & 3;  // warpgroup (output dims 256 wg ..), warp in it (heads 16 wq ..)
+  const int g = lane >> 2, t = lane & 3;
   const int qi = blockIdx.y, split = blockIdx.x;
 
-  // q * scale * log2 e as bf16 (hi, lo) into the swizzled A blocks, by all threads: unit u = (head, 8-dim chunk).
+  // q * scale * log2 e as bf16 (hi, lo) into the swizzled A blocks: unit u = (head, 8-dim chunk).
   {
     const float qscale = a.scale * kLog2e;
     const float* q = a.q + static_cast<int64_t>(qi) * kH * kD;
@@ -101,82 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
       if (kSplit) *reinterpret_cast<uint4*>(qs + kQBytes + off) = lo;
     }
   }
-  wgmma::fence_proxy_async();  // q visible to the tensor cores
-  __syncthreads();
 
-  int end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
-  const int begin = split * p.chunk;
-  end = min(end, begin + p.chunk);
-  const int n_tiles = end > begin ? (end - begin + kN - 1) / kN : 0;
-
-  if (warp >= 8) {
-    // ---- producer warpgroup: gathers and decodes tile j into buffer j % 2 once the consumers freed it ----------
-    wgmma::setmaxnreg_dec<kProducerRegs>();
-    const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
-    const int ptid = tid - 256, r = ptid >> 2, c4 = ptid & 3;  // key r; 8-byte columns c4 and c4 + 4 of each block
-    // Row index of key `lane` of tile j (-1 past the end or invalid).
-    auto row_index = [&](int j) -> int {
-      const int i = begin + j * kN + lane;
-      const int idx = i < end ? slots[i] : -1;
-      return idx >= 0 && idx < a.n_rows ? idx : -1;
-    };
-    RawRow raw[2];  // columns c4 and c4 + 4 of key r of the next tile
-    uint32_t mask = 0;
-    auto load = [&](int j) {
-      const int idx = row_index(j);
-      mask = __ballot_sync(0xffffffffu, idx >= 0);
-      const int ridx = __shfl_sync(0xffffffffu, idx, r);
-      if (ridx >= 0) {
-        const uint8_t* src = a.kv + static_cast<int64_t>(ridx) * a.row_bytes;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int cc = c4 + 4 * h;
-#pragma unroll
-          for (int b = 0; b < 7; ++b) raw[h].e[b] = *reinterpret_cast<const uint2*>(src + 64 * b + 8 * cc);
-          raw[h].rope[0] = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc);
-          raw[h].rope[1] = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc + 8);
-        }
-        raw[0].scales = *reinterpret_cast<const uint2*>(src + kScaleOffset);  // 7 scales + 1 byte of padding
-      }
-    };
-    if (n_tiles > 0) load(0);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int b = j & 1;
-      if (j >= 2) bar_sync(kBarEmpty + b, kThreads);  // the consumers are done with tile j - 2
-      uint8_t* buf = tiles + b * kTileBytes;
-      const bool valid = (mask >> r) & 1u;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int cc = c4 + 4 * h;
-#pragma unroll
-        for (int blk = 0; blk < 8; ++blk) {
-          uint4 v = make_uint4(0, 0, 0, 0);
-          if (valid) {
-            if (blk < 7) {  // e4m3 dims times the block's UE8M0 scale (exact in bf16)
-              const uint32_t sw = blk < 4 ? raw[0].scales.x : raw[0].scales.y;
-              const float sc = e8m0(static_cast<uint8_t>(sw >> (8 * (blk & 3))));
-              const uint2 e = raw[h].e[blk];
-              v = make_uint4(e4m3x2_bf16(e.x, sc), e4m3x2_bf16(e.x >> 16, sc), e4m3x2_bf16(e.y, sc),
-                             e4m3x2_bf16(e.y >> 16, sc));
-            } else {  // the bf16 RoPE dims, copied
-              v = make_uint4(raw[h].rope[0].x, raw[h].rope[0].y, raw[h].rope[1].x, raw[h].rope[1].y);
-            }
-          }
-          *reinterpret_cast<uint4*>(buf + blk * kTileBlock + sw128(r, cc)) = v;  // invalid rows: zeros
-        }
-      }
-      if (ptid == 0) tile_mask[b] = mask;
-      wgmma::fence_proxy_async();  // the tile visible to the tensor cores
-      bar_arrive(kBarFull + b, kThreads);
-      if (j + 1 < n_tiles) load(j + 1);  // in flight while this warp waits for the next free buffer
-    }
-    return;
-  }
-
-  // ---- consumer warpgroups ---------------------------------------------------------------------------------------
-  wgmma::setmaxnreg_inc<kConsumerRegs>();
-  const int wg = warp >> 2, wq = warp & 3;  // warpgroup (output dims 256 wg ..), warp in it (heads 16 wq ..)
-  const int g = lane >> 2, t = lane & 3;
   float o[128];  // o[4 j + c]: head 16 wq + g (c < 2) or + 8, dim 256 wg + 8 j + 2 t + (c & 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -193,111 +106,182 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
     }
   }
 
-  const uint32_t q_addr = smem_u32(qs);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int b = j & 1;
-    bar_sync(kBarFull + b, kThreads);  // tile j decoded in buffer b
-    const uint32_t mask = tile_mask[b];
-    const uint32_t tile_addr = smem_u32(tiles + b * kTileBytes);
-    if (mask != 0) {  // uniform over the CTA
-      // Partial S over this warpgroup's dims: 4 blocks x 4 k-steps (x hi, lo).
-      float sacc[16];
-      wgmma::fence();
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          const int blk = 4 * wg + kb;
-          const uint64_t kdesc = wgmma::sw128_desc(tile_addr + blk * kTileBlock + 32 * ks);
-          wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + blk * kQBlock + 32 * ks), kdesc, kb | ks);
-          if (kSplit)
-            wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + kQBytes + blk * kQBlock + 32 * ks), kdesc, 1);
-        }
-      wgmma::commit();
-      wgmma::wait0();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) wgmma::fence_operand(sacc[i]);
-      // Exchange: S = (partial of dims 0..255) + (partial of dims 256..511), the same addends in both warpgroups.
-      {
-        float4* mine = xs + (wg * 4 + wq) * 4 * 32 + lane;
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-          mine[jj * 32] = make_float4(sacc[4 * jj], sacc[4 * jj + 1], sacc[4 * jj + 2], sacc[4 * jj + 3]);
-      }
-      bar_sync(kBarExchange, 256);
-      float s[4][4];
-      {
-        const float4* other = xs + ((1 - wg) * 4 + wq) * 4 * 32 + lane;
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const float4 x = other[jj * 32];
-          const float4 me = make_float4(sacc[4 * jj], sacc[4 * jj + 1], sacc[4 * jj + 2], sacc[4 * jj + 3]);
-          const float4 lo = wg == 0 ? me : x, hi = wg == 0 ? x : me;
-          s[jj][0] = lo.x + hi.x;
-          s[jj][1] = lo.y + hi.y;
-          s[jj][2] = lo.z + hi.z;
-          s[jj][3] = lo.w + hi.w;
-        }
-      }
+  int end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
+  const int begin = split * p.chunk;
+  end = min(end, begin + p.chunk);
+  const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
 
-      // Online softmax (base 2), as attn_mma_kernel. c = 0, 1: row g; c = 2, 3: row g + 8; key 8 jj + 2 t + (c & 1).
-      float mt[2] = {-INFINITY, -INFINITY};
+  // Slot index of row `lane` of the tile at t0 (-1 past the end), loaded one tile ahead of its use.
+  auto load_idx = [&](int t0) -> int { return t0 + lane < end ? slots[t0 + lane] : -1; };
+  // This thread's share of a tile's rows (row indices idx, one per lane): key r = tid / 8, 8-byte column
+  // cc = tid % 8 of each e4m3 block, 16 bytes of the RoPE dims, and the row's scale bytes. row_of returns the
+  // valid-row mask (the same in every warp) and the row's address, row 0 standing in for an invalid row
+  // (n_rows >= 1 here); load_row then reads it unconditionally. Split in two, and branch-free, because a warp
+  // vote or a divergent branch while S's wgmmas are in flight makes ptxas serialize them (C7518).
+  const int r = tid >> 3, cc = tid & 7;
+  auto row_of = [&](int idx, const uint8_t*& src) -> uint32_t {
+    const bool valid = idx >= 0 && idx < a.n_rows;
+    const uint32_t mask = __ballot_sync(0xffffffffu, valid);
+    const int ridx = __shfl_sync(0xffffffffu, idx, r);
+    src = a.kv + static_cast<int64_t>((mask >> r) & 1u ? ridx : 0) * a.row_bytes;
+    return mask;
+  };
+  auto load_row = [&](const uint8_t* src, RawRow& raw) {
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
+    for (int b = 0; b < 7; ++b) raw.e[b] = *reinterpret_cast<const uint2*>(src + 64 * b + 8 * cc);
+    raw.rope[0] = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc);
+    raw.rope[1] = *reinterpret_cast<const uint2*>(src + kNope + 16 * cc + 8);
+    raw.scales = *reinterpret_cast<const uint2*>(src + kScaleOffset);  // 7 scales + 1 byte of padding
+  };
+  // Decodes them into tile buffer `buf`: chunk cc of block b (dims 64 b + 8 cc .. +7) of key r for b = 0..7;
+  // invalid rows become zeros (no stale value reaches a wgmma).
+  auto decode = [&](const RawRow& raw, uint32_t mask, uint8_t* buf) {
+    const uint32_t keep = (mask >> r) & 1u ? 0xffffffffu : 0u;
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if ((mask >> (8 * jj + 2 * t + (c & 1))) & 1u) mt[c >> 1] = fmaxf(mt[c >> 1], s[jj][c]);
-      float alpha[2], mn[2];
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 1));
-        mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 2));
-        mn[ri] = fmaxf(m[ri], mt[ri]);
-        alpha[ri] = mn[ri] == -INFINITY ? 1.f : fast_exp2(m[ri] - mn[ri]);
-        m[ri] = mn[ri];
+    for (int b = 0; b < 8; ++b) {
+      uint4 v;
+      if (b < 7) {  // e4m3 dims times the block's UE8M0 scale (exact in bf16)
+        const uint32_t sw = b < 4 ? raw.scales.x : raw.scales.y;
+        const float s = e8m0(static_cast<uint8_t>(sw >> (8 * (b & 3))));
+        const uint2 e = raw.e[b];
+        v = make_uint4(e4m3x2_bf16(e.x, s), e4m3x2_bf16(e.x >> 16, s), e4m3x2_bf16(e.y, s), e4m3x2_bf16(e.y >> 16, s));
+      } else {  // the bf16 RoPE dims, copied
+        v = make_uint4(raw.rope[0].x, raw.rope[0].y, raw.rope[1].x, raw.rope[1].y);
       }
-      float rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const bool v = ((mask >> (8 * jj + 2 * t + (c & 1))) & 1u) && mn[c >> 1] != -INFINITY;
-          s[jj][c] = v ? fast_exp2(s[jj][c] - mn[c >> 1]) : 0.f;
-          rs[c >> 1] += s[jj][c];
-        }
-      l[0] = l[0] * alpha[0] + rs[0];
-      l[1] = l[1] * alpha[1] + rs[1];
-      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {  // the max moved: rescale
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          o[4 * n] *= alpha[0]; o[4 * n + 1] *= alpha[0];
-          o[4 * n + 2] *= alpha[1]; o[4 * n + 3] *= alpha[1];
-        }
-      }
-      // P as A fragments (k = keys 16 kk .. +15), then O += P V over this warpgroup's 256 dims; the tile's keys
-      // 16 kk .. start 2048 kk bytes into each block, the four blocks of the dims 4096 bytes apart (LBO).
-      uint32_t ph[2][4], pl[kSplit ? 2 : 1][4];
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        uint32_t dummy;
-        to_frag<kSplit>(s[2 * kk][0], s[2 * kk][1], ph[kk][0], kSplit ? pl[kk % (kSplit ? 2 : 1)][0] : dummy);
-        to_frag<kSplit>(s[2 * kk][2], s[2 * kk][3], ph[kk][1], kSplit ? pl[kk % (kSplit ? 2 : 1)][1] : dummy);
-        to_frag<kSplit>(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], kSplit ? pl[kk % (kSplit ? 2 : 1)][2] : dummy);
-        to_frag<kSplit>(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], kSplit ? pl[kk % (kSplit ? 2 : 1)][3] : dummy);
-      }
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        const uint64_t vdesc = wgmma::sw128_desc(tile_addr + 4 * wg * kTileBlock + 2048 * kk, kTileBlock);
-        wgmma::mma_rs_n256_bf16_tb(o, ph[kk], vdesc);
-        if (kSplit) wgmma::mma_rs_n256_bf16_tb(o, pl[kk % (kSplit ? 2 : 1)], vdesc);
-      }
-      wgmma::commit();
-      wgmma::wait0();  // within the iteration: an o stage open across the back edge serializes the wgmmas (C7515)
-#pragma unroll
-      for (int i = 0; i < 128; ++i) wgmma::fence_operand(o[i]);
+      v = make_uint4(v.x & keep, v.y & keep, v.z & keep, v.w & keep);
+      *reinterpret_cast<uint4*>(buf + b * kTileBlock + sw128(r, cc)) = v;
     }
-    if (j + 2 < n_tiles) bar_arrive(kBarEmpty + b, kThreads);  // buffer b free for tile j + 2
+  };
+
+  // Pipeline: tile j is decoded in buffer j % 2 before the barrier that starts its iteration; while its S runs on
+  // the tensor cores, the threads decode tile j + 1 (its rows arrived in registers during iteration j - 1) into
+  // the other buffer, free since P V of tile j - 1 completed, and load the rows of tile j + 2.
+  const uint32_t q_addr = smem_u32(qs);
+  RawRow raw;
+  uint32_t cur_mask = 0, next_mask = 0;
+  int next_idx = -1;
+  const uint8_t* src;
+  if (begin < end) {
+    cur_mask = row_of(load_idx(begin), src);
+    load_row(src, raw);
+    decode(raw, cur_mask, tiles);
+    next_mask = row_of(load_idx(begin + kN), src);
+    load_row(src, raw);
+    next_idx = load_idx(begin + 2 * kN);
+  }
+  int buf = 0;
+  for (int t0 = begin; t0 < end; t0 += kN, buf ^= 1) {
+    const uint32_t mask = cur_mask;
+    const uint32_t tile_addr = smem_u32(tiles + buf * kTileBytes);
+    const uint32_t mask2 = row_of(next_idx, src);  // tile j + 2 (loaded after S is issued)
+    wgmma::fence_proxy_async();  // tile j (and, the first time, q) visible to the tensor cores
+    __syncthreads();
+    // Partial S over this warpgroup's dims: 4 blocks x 4 k-steps (x hi, lo). A tile with no valid row is skipped
+    // (uniform over the CTA), but the next one is still decoded.
+    float sacc[16];
+    if (mask != 0) {
+    wgmma::fence();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const int blk = 4 * wg + kb;
+        const uint64_t kdesc = wgmma::sw128_desc(tile_addr + blk * kTileBlock + 32 * ks);
+        wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + blk * kQBlock + 32 * ks), kdesc, kb | ks);
+        if (kSplit) wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + kQBytes + blk * kQBlock + 32 * ks), kdesc, 1);
+      }
+    wgmma::commit();
+    }
+    // Tile j + 1 into the other buffer, the rows of j + 2 into registers (past the end: masks of 0, row 0 read).
+    decode(raw, next_mask, tiles + (buf ^ 1) * kTileBytes);
+    load_row(src, raw);
+    cur_mask = next_mask;
+    next_mask = mask2;
+    next_idx = load_idx(t0 + 3 * kN);
+    if (mask == 0) continue;
+    wgmma::wait0();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) wgmma::fence_operand(sacc[i]);
+    // Exchange: S = (partial of dims 0..255) + (partial of dims 256..511), the same two addends in both warpgroups.
+    {
+      float4* mine = xs + (wg * 4 + wq) * 4 * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mine[j * 32] = make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]);
+    }
+    __syncthreads();
+    float s[4][4];
+    {
+      const float4* other = xs + ((1 - wg) * 4 + wq) * 4 * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 x = other[j * 32];
+        const float4 lo = wg == 0 ? make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]) : x;
+        const float4 hi = wg == 0 ? x : make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]);
+        s[j][0] = lo.x + hi.x;
+        s[j][1] = lo.y + hi.y;
+        s[j][2] = lo.z + hi.z;
+        s[j][3] = lo.w + hi.w;
+      }
+    }
+
+    // Online softmax (base 2), as attn_mma_kernel. c = 0, 1: row g; c = 2, 3: row g + 8; key 8 j + 2 t + (c & 1).
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+    float alpha[2], mn[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 1));
+      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 2));
+      mn[ri] = fmaxf(m[ri], mt[ri]);
+      alpha[ri] = mn[ri] == -INFINITY ? 1.f : fast_exp2(m[ri] - mn[ri]);
+      m[ri] = mn[ri];
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const bool v = ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) && mn[c >> 1] != -INFINITY;
+        s[j][c] = v ? fast_exp2(s[j][c] - mn[c >> 1]) : 0.f;
+        rs[c >> 1] += s[j][c];
+      }
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {  // the max moved: rescale (x 1 is a no-op)
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        o[4 * n] *= alpha[0]; o[4 * n + 1] *= alpha[0];
+        o[4 * n + 2] *= alpha[1]; o[4 * n + 3] *= alpha[1];
+      }
+    }
+    // P as A fragments (k = keys 16 kk .. +15), then O += P V over this warpgroup's 256 dims; the tile's keys
+    // 16 kk .. start 2048 kk bytes into each block, the four blocks of the dims 4096 bytes apart (LBO).
+    uint32_t ph[2][4], pl[kSplit ? 2 : 1][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t dummy;
+      to_frag<kSplit>(s[2 * kk][0], s[2 * kk][1], ph[kk][0], kSplit ? pl[kk % (kSplit ? 2 : 1)][0] : dummy);
+      to_frag<kSplit>(s[2 * kk][2], s[2 * kk][3], ph[kk][1], kSplit ? pl[kk % (kSplit ? 2 : 1)][1] : dummy);
+      to_frag<kSplit>(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], kSplit ? pl[kk % (kSplit ? 2 : 1)][2] : dummy);
+      to_frag<kSplit>(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], kSplit ? pl[kk % (kSplit ? 2 : 1)][3] : dummy);
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint64_t vdesc = wgmma::sw128_desc(tile_addr + 4 * wg * kTileBlock + 2048 * kk, kTileBlock);
+      wgmma::mma_rs_n256_bf16_tb(o, ph[kk], vdesc);
+      if (kSplit) wgmma::mma_rs_n256_bf16_tb(o, pl[kk % (kSplit ? 2 : 1)], vdesc);
+    }
+    wgmma::commit();
+    // Waited here, not at the next tile's barrier: an o pipeline stage open across the loop's back edge makes
+    // ptxas serialize every wgmma (C7515). The next tile's decode overwrites the tile anyway.
+    wgmma::wait0();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) wgmma::fence_operand(o[i]);
   }
 
 #pragma unroll

@@ -22,13 +22,6 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 // Generic-proxy writes to shared memory (st.shared, cp.async) visible to the tensor cores' reads; then a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// Warp specialization: a warpgroup gives registers back to the CTA's pool (dec) or takes them (inc, waits until the
-// pool has them); every warp of the warpgroup executes it. N: 24..256, a multiple of 8.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
-
 // Descriptor of a 128-byte swizzled operand starting at shared address `addr` (see the layout above); lbo is
 // only read for MN-major operands.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo = 0) {
