@@ -257,10 +257,11 @@ int main(int argc, char** argv) {
                                 {cuda::AttnPrecision::kBf16, "wgmma", "2", "bf16 wgmma"},
                                 {cuda::AttnPrecision::kFp32, "mma", "2", "fp32"}};
     const bool has_wgmma = dev.major == 9 && dev.minor == 0;
-    for (int nq : {1, 8, 64, 4096}) {
+    // 2048 queries x 192 slots: an HCA layer of a 2048-token prefill chunk at 8K context (128 window + 64 compressed).
+    for (int nq : {1, 8, 64, 4096, 2048}) {
       if (quick && nq > 64) continue;
       if (attn_profile && nq != 4096) continue;
-      const int n_slots = 640;
+      const int n_slots = nq == 2048 ? 192 : 640;
       const size_t qe = size_t(nq) * 64 * 512;
       const double set_bytes = double(nq) * n_slots * rb + 8.0 * qe;
       const int sets = static_cast<int>(std::max(1.0, std::min(1024.0, std::ceil(double(kRotateBytes) / set_bytes))));
@@ -291,7 +292,7 @@ int main(int argc, char** argv) {
         }, attn_profile ? 1 : big ? 10 : 50, attn_profile ? 1 : big ? 2 : 20);
         const double bytes = double(nq) * n_slots * rb + 2.0 * 4 * qe;
         const double flops = 4.0 * 64 * 512 * double(n_slots) * nq;
-        const std::string name = "q=" + std::to_string(nq) + " slots=640 fp8 " + var.name;
+        const std::string name = "q=" + std::to_string(nq) + " slots=" + std::to_string(n_slots) + " fp8 " + var.name;
         if (!big)
           line("attn_decode", name, us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
         else
