@@ -81,6 +81,97 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16(uint32_t pair, float s) {
   return pack_bf16(f.x * s, f.y * s);
 }
 
+// ---- the tensor-core kernels' per-thread softmax and result (mma.sync and wgmma share one accumulator layout) ----
+// A thread holds two rows of its warp's 16 heads (g and g + 8, g = lane / 4, t = lane % 4) and, of every n8 tile,
+// columns 2t and 2t + 1 (the m16n8 / wgmma accumulator layout).
+
+// One 32-key tile of the online softmax (base 2): s[j][c] is row g (c < 2) or g + 8, key 8 j + 2 t + (c & 1); keys
+// not in `mask` get p = 0. Updates the running max m and this lane's share of l, turns s into p, and returns
+// whether the max moved in some row of the warp (then alpha holds the rescale factors of o; the same answer in
+// every lane, so the caller's rescale branch is uniform). alpha = exp2(m_old - m_new) only against a finite m_new.
+__device__ __forceinline__ bool softmax_tile(float (&s)[4][4], uint32_t mask, int t, float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
+  float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+  float mn[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 1));
+    mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 2));
+    mn[ri] = fmaxf(m[ri], mt[ri]);
+    alpha[ri] = mn[ri] == -INFINITY ? 1.f : fast_exp2(m[ri] - mn[ri]);
+    m[ri] = mn[ri];
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const bool v = ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) && mn[c >> 1] != -INFINITY;
+      s[j][c] = v ? fast_exp2(s[j][c] - mn[c >> 1]) : 0.f;
+      rs[c >> 1] += s[j][c];
+    }
+  l[0] = l[0] * alpha[0] + rs[0];
+  l[1] = l[1] * alpha[1] + rs[1];
+  return !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f);  // x 1 is a no-op: skip the rescale
+}
+
+// P as bf16 A fragments of keys 16 kk .. 16 kk + 15 (two n8 tiles of the accumulator are one k16 fragment, the
+// FA2 register reuse); kSplit: hi + lo.
+template <bool kSplit>
+__device__ __forceinline__ void p_frags(const float (&s)[4][4], uint32_t (&ph)[2][4], uint32_t (&pl)[kSplit ? 2 : 1][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    uint32_t dummy;
+    to_frag<kSplit>(s[2 * kk][0], s[2 * kk][1], ph[kk][0], kSplit ? pl[kk % (kSplit ? 2 : 1)][0] : dummy);
+    to_frag<kSplit>(s[2 * kk][2], s[2 * kk][3], ph[kk][1], kSplit ? pl[kk % (kSplit ? 2 : 1)][1] : dummy);
+    to_frag<kSplit>(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], kSplit ? pl[kk % (kSplit ? 2 : 1)][2] : dummy);
+    to_frag<kSplit>(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], kSplit ? pl[kk % (kSplit ? 2 : 1)][3] : dummy);
+  }
+}
+
+// The thread's result: heads h and h + 8 of query qi, dims d + 8 n and d + 8 n + 1 for n < NT, o(n, c) its
+// accumulators (c as in softmax_tile). Without a split, o / l to out; else the partial (acc, and m, l where
+// write_ml) of this split for the combine kernel. l is summed over the quad first.
+template <int NT, typename Acc>
+__device__ __forceinline__ void store_result(const Params& p, int qi, int split, int h, int d, const float (&m)[2],
+                                             float (&l)[2], bool write_ml, Acc o) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+  }
+  if (p.splits == 1) {
+    float* o0 = p.a.out + (static_cast<int64_t>(qi) * kH + h) * kD + d;
+    float* o1 = o0 + 8 * kD;
+    const float i0 = l[0] > 0.f ? 1.f / l[0] : 0.f, i1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o(n, 0) * i0, o(n, 1) * i0);
+      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o(n, 2) * i1, o(n, 3) * i1);
+    }
+  } else {
+    const int64_t pi = (static_cast<int64_t>(qi) * p.splits + split) * kH + h;
+    float* o0 = p.part_acc + pi * kD + d;
+    float* o1 = o0 + 8 * kD;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o(n, 0), o(n, 1));
+      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o(n, 2), o(n, 3));
+    }
+    if (write_ml) {
+      p.part_ml[2 * pi] = m[0];
+      p.part_ml[2 * pi + 1] = l[0];
+      p.part_ml[2 * (pi + 8)] = m[1];
+      p.part_ml[2 * (pi + 8) + 1] = l[1];
+    }
+  }
+}
+
 // The warpgroup-MMA kernel (sparse_attention_wgmma.cu): whether it runs on this device (compute capability 9.0,
 // fp8 rows), and its launch (split: AttnPrecision::kSplitBf16, else kBf16). Throws elsewhere.
 bool wgmma_supported();

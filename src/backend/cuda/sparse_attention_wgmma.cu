@@ -224,51 +224,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
       }
     }
 
-    // Online softmax (base 2), as attn_mma_kernel. c = 0, 1: row g; c = 2, 3: row g + 8; key 8 j + 2 t + (c & 1).
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
-    float alpha[2], mn[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 1));
-      mt[ri] = fmaxf(mt[ri], __shfl_xor_sync(0xffffffffu, mt[ri], 2));
-      mn[ri] = fmaxf(m[ri], mt[ri]);
-      alpha[ri] = mn[ri] == -INFINITY ? 1.f : fast_exp2(m[ri] - mn[ri]);
-      m[ri] = mn[ri];
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const bool v = ((mask >> (8 * j + 2 * t + (c & 1))) & 1u) && mn[c >> 1] != -INFINITY;
-        s[j][c] = v ? fast_exp2(s[j][c] - mn[c >> 1]) : 0.f;
-        rs[c >> 1] += s[j][c];
-      }
-    l[0] = l[0] * alpha[0] + rs[0];
-    l[1] = l[1] * alpha[1] + rs[1];
-    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {  // the max moved: rescale (x 1 is a no-op)
+    // Online softmax (base 2), then P as A fragments (k = keys 16 kk .. +15) and O += P V over this warpgroup's
+    // 256 dims; the tile's keys 16 kk .. start 2048 kk bytes into each block, the four blocks of the dims 4096
+    // bytes apart (LBO).
+    float alpha[2];
+    if (softmax_tile(s, mask, t, m, l, alpha)) {
 #pragma unroll
       for (int n = 0; n < 32; ++n) {
         o[4 * n] *= alpha[0]; o[4 * n + 1] *= alpha[0];
         o[4 * n + 2] *= alpha[1]; o[4 * n + 3] *= alpha[1];
       }
     }
-    // P as A fragments (k = keys 16 kk .. +15), then O += P V over this warpgroup's 256 dims; the tile's keys
-    // 16 kk .. start 2048 kk bytes into each block, the four blocks of the dims 4096 bytes apart (LBO).
     uint32_t ph[2][4], pl[kSplit ? 2 : 1][4];
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      uint32_t dummy;
-      to_frag<kSplit>(s[2 * kk][0], s[2 * kk][1], ph[kk][0], kSplit ? pl[kk % (kSplit ? 2 : 1)][0] : dummy);
-      to_frag<kSplit>(s[2 * kk][2], s[2 * kk][3], ph[kk][1], kSplit ? pl[kk % (kSplit ? 2 : 1)][1] : dummy);
-      to_frag<kSplit>(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], kSplit ? pl[kk % (kSplit ? 2 : 1)][2] : dummy);
-      to_frag<kSplit>(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], kSplit ? pl[kk % (kSplit ? 2 : 1)][3] : dummy);
-    }
+    p_frags<kSplit>(s, ph, pl);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
@@ -284,37 +252,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
     for (int i = 0; i < 128; ++i) wgmma::fence_operand(o[i]);
   }
 
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
-    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
-  }
-  const int h0 = 16 * wq + g, d0 = 256 * wg + 2 * t;
-  if (p.splits == 1) {
-    float* o0 = a.out + (static_cast<int64_t>(qi) * kH + h0) * kD + d0;
-    float* o1 = o0 + 8 * kD;
-    const float i0 = l[0] > 0.f ? 1.f / l[0] : 0.f, i1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o[4 * n] * i0, o[4 * n + 1] * i0);
-      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
-    }
-  } else {
-    const int64_t pi = (static_cast<int64_t>(qi) * p.splits + split) * kH + h0;
-    float* o0 = p.part_acc + pi * kD + d0;
-    float* o1 = o0 + 8 * kD;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      *reinterpret_cast<float2*>(o0 + 8 * n) = make_float2(o[4 * n], o[4 * n + 1]);
-      *reinterpret_cast<float2*>(o1 + 8 * n) = make_float2(o[4 * n + 2], o[4 * n + 3]);
-    }
-    if (wg == 0 && t == 0) {
-      p.part_ml[2 * pi] = m[0];
-      p.part_ml[2 * pi + 1] = l[0];
-      p.part_ml[2 * (pi + 8)] = m[1];
-      p.part_ml[2 * (pi + 8) + 1] = l[1];
-    }
-  }
+  store_result<32>(p, qi, split, 16 * wq + g, 256 * wg + 2 * t, m, l, wg == 0 && t == 0,
+                   [&](int n, int c) { return o[4 * n + c]; });
 #else
   __trap();  // launched only on compute capability 9.0 (wgmma_supported)
 #endif
