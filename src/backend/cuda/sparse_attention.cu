@@ -507,7 +507,8 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
     }
   }
 
-  store_result<16>(p, qi, split, h0 + g, d0 + 2 * t, m, l, ds == 0 && t == 0, [&](int n, int c) { return o[n][c]; });
+  store_result<16>(p, qi, split, h0 + g, d0 + 2 * t, m, l, ds == 0 && t == 0,
+                   [&](int n, int c) { return o[n][c]; });
 }
 
 template <bool kFp8, bool kSplit, int kTiles>

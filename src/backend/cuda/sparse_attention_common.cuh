@@ -123,7 +123,8 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[4][4], uint32_t mask, in
 // P as bf16 A fragments of keys 16 kk .. 16 kk + 15 (two n8 tiles of the accumulator are one k16 fragment, the
 // FA2 register reuse); kSplit: hi + lo.
 template <bool kSplit>
-__device__ __forceinline__ void p_frags(const float (&s)[4][4], uint32_t (&ph)[2][4], uint32_t (&pl)[kSplit ? 2 : 1][4]) {
+__device__ __forceinline__ void p_frags(const float (&s)[4][4], uint32_t (&ph)[2][4],
+                                        uint32_t (&pl)[kSplit ? 2 : 1][4]) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     uint32_t dummy;

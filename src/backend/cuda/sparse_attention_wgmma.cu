@@ -18,7 +18,7 @@
 // Warp i of a warpgroup holds heads 16 i .. +15 (wgmma's accumulator rows), thread (g, t) of it rows g and g + 8
 // and columns 2t, 2t + 1 of every n8 tile, as in the mma.sync kernel, so the softmax code is the same.
 //
-// Shared memory (split): q 128 KB + two tiles 64 KB + S exchange 16 KB = 209 KB (+ 1 KB of alignment): sm_90's
+// Shared memory (split): q 128 KB + two tiles 64 KB + S exchange 16 KB = 208 KB (+ 1 KB of alignment): sm_90's
 // 227 KB, not sm_12x's 99 KB, which keep the mma.sync kernel. Numerics as attn_mma_kernel: the bounds in
 // tests/cuda/test_cuda_sparse_attention.cc apply unchanged (the sum order of S over dims differs, so results are
 // not bit-identical to the mma.sync kernel, but are to themselves: fixed order, no atomics).
@@ -46,7 +46,7 @@ constexpr int wgmma_smem_bytes() {  // split: 214,016; bf16: 148,480 (+ 1 KB to 
   return 1024 + (kSplit ? 2 : 1) * kQBytes + 2 * kTileBytes + kXBytes;
 }
 
-// This thread's share of one tile of fp8 rows, held in registers from its load (one tile ahead) to its decode.
+// This thread's share of one tile of fp8 rows, held in registers from its load (an iteration early) to its decode.
 struct RawRow {
   uint2 e[7];     // 8 e4m3 bytes of each of the 7 e4m3 blocks
   uint2 rope[2];  // 16 bytes (8 dims) of the bf16 RoPE dims
@@ -180,17 +180,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
     // (uniform over the CTA), but the next one is still decoded.
     float sacc[16];
     if (mask != 0) {
-    wgmma::fence();
+      wgmma::fence();
 #pragma unroll
-    for (int kb = 0; kb < 4; ++kb)
+      for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const int blk = 4 * wg + kb;
-        const uint64_t kdesc = wgmma::sw128_desc(tile_addr + blk * kTileBlock + 32 * ks);
-        wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + blk * kQBlock + 32 * ks), kdesc, kb | ks);
-        if (kSplit) wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(q_addr + kQBytes + blk * kQBlock + 32 * ks), kdesc, 1);
-      }
-    wgmma::commit();
+        for (int ks = 0; ks < 4; ++ks) {
+          const int blk = 4 * wg + kb;
+          const uint64_t kdesc = wgmma::sw128_desc(tile_addr + blk * kTileBlock + 32 * ks);
+          const uint32_t qa = q_addr + blk * kQBlock + 32 * ks;
+          wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(qa), kdesc, kb | ks);  // the first overwrites sacc
+          if (kSplit) wgmma::mma_ss_n32_bf16(sacc, wgmma::sw128_desc(qa + kQBytes), kdesc, 1);
+        }
+      wgmma::commit();
     }
     // Tile j + 1 into the other buffer, the rows of j + 2 into registers (past the end: masks of 0, row 0 read).
     decode(raw, next_mask, tiles + (buf ^ 1) * kTileBytes);
@@ -206,7 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
     {
       float4* mine = xs + (wg * 4 + wq) * 4 * 32 + lane;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mine[j * 32] = make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]);
+      for (int j = 0; j < 4; ++j)
+        mine[j * 32] = make_float4(sacc[4 * j], sacc[4 * j + 1], sacc[4 * j + 2], sacc[4 * j + 3]);
     }
     __syncthreads();
     float s[4][4];
