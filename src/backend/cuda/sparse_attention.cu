@@ -114,9 +114,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
     }
   }
 
-  int end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
-  const int begin = split * p.chunk;
-  end = min(end, begin + p.chunk);
+  int begin, end;
+  slot_range(p, qi, split, begin, end);
   const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
 
   for (int t0 = begin; t0 < end; t0 += kTile) {
@@ -329,21 +328,9 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
 #pragma unroll
   for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2], l[2];  // rows g and g + 8; l is this lane's share (summed over the quad at the end)
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    if (p.splits == 1) {  // the sink takes part directly: m = sink, l = exp(sink - m) = 1 (held by lane t = 0)
-      const float sk = a.sink[h0 + g + 8 * ri];
-      m[ri] = sk == -INFINITY ? -INFINITY : sk * kLog2e;
-      l[ri] = (sk != -INFINITY && t == 0) ? 1.f : 0.f;
-    } else {
-      m[ri] = -INFINITY;
-      l[ri] = 0.f;
-    }
-  }
-
-  int end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
-  const int begin = split * p.chunk;
-  end = min(end, begin + p.chunk);
+  init_rows(p, h0 + g, t, m, l);
+  int begin, end;
+  slot_range(p, qi, split, begin, end);
   const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
 
   // Slot index of row `lane` of the tile at t0 (-1 past the end). Loaded one tile ahead of its use, so the

@@ -85,6 +85,31 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16(uint32_t pair, float s) {
 // A thread holds two rows of its warp's 16 heads (g and g + 8, g = lane / 4, t = lane % 4) and, of every n8 tile,
 // columns 2t and 2t + 1 (the m16n8 / wgmma accumulator layout).
 
+// The running max and this lane's share of the sum of heads h and h + 8 before the first tile. Without a split
+// the sink takes part directly (m = sink, l = exp(sink - m) = 1, held by lane t = 0); a split starts empty and
+// the combine kernel adds the sink.
+__device__ __forceinline__ void init_rows(const Params& p, int h, int t, float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    if (p.splits == 1) {
+      const float sk = p.a.sink[h + 8 * ri];
+      m[ri] = sk == -INFINITY ? -INFINITY : sk * kLog2e;
+      l[ri] = (sk != -INFINITY && t == 0) ? 1.f : 0.f;
+    } else {
+      m[ri] = -INFINITY;
+      l[ri] = 0.f;
+    }
+  }
+}
+
+// The slot range [begin, end) of split `split` of query qi: valid_len (when given) and the split's chunk applied.
+__device__ __forceinline__ void slot_range(const Params& p, int qi, int split, int& begin, int& end) {
+  const SparseAttentionArgs& a = p.a;
+  end = a.valid_len ? min(a.valid_len[qi], a.n_slots) : a.n_slots;
+  begin = split * p.chunk;
+  end = min(end, begin + p.chunk);
+}
+
 // One 32-key tile of the online softmax (base 2): s[j][c] is row g (c < 2) or g + 8, key 8 j + 2 t + (c & 1); keys
 // not in `mask` get p = 0. Updates the running max m and this lane's share of l, turns s into p, and returns
 // whether the max moved in some row of the warp (then alpha holds the rescale factors of o; the same answer in
