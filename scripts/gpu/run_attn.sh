@@ -61,8 +61,8 @@ worst() {  # worst cases by ratio to the derived bound, per precision: worst LOG
 }
 echo "== errors (worst by ratio to the derived bound; all cases in test.log): ratio | case"
 for pr in split-bf16 bf16 fp32; do worst "$RES/test.log" "$pr" 3; done
-echo "== wgmma kernel:"
-grep "^\[errors\].* wgmma " "$RES/test.log" | sed -E 's/^\[errors\] //' | sort -t'(' -k2 | tail -4
+echo "== wgmma kernel (worst by ratio):"
+grep "^\[errors\].* wgmma " "$RES/test.log" | sed -E 's/^\[errors\] //; s/(.*bound ratio ([0-9.e+-]+).*)/\2 | \1/' | sort -g | tail -4
 echo "== head tiles 1:"
 for pr in split-bf16 bf16; do worst "$RES/test_t1.log" "$pr" 2; done
 echo "== ncu (prefill $NCU_VARIANT, one launch)"
