@@ -1,5 +1,6 @@
 // Sparse attention with per-head sinks over gathered K = V rows (reference: cpu::sparse_attention; the
-// online-softmax contract is spec failure-modes-and-kernels.md section 1.4). Two kernels:
+// online-softmax contract is spec failure-modes-and-kernels.md section 1.4). Two kernels here, and a third for
+// prefill on sm_90a in sparse_attention_wgmma.cu (use_wgmma below chooses):
 //
 // attn_mma_kernel (fp8 and bf16 rows; AttnPrecision kSplitBf16 / kBf16): bf16 tensor cores (mma.sync
 // m16n8k16, fp32 accumulation; the instruction exists on sm_90a and sm_12x). One CTA of 8 warps serves 32 of
@@ -37,6 +38,7 @@
 #include <cstring>
 
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope.cuh"
 #include "backend/cuda/sparse_attention_common.cuh"
 #include "core/error.h"
 
@@ -203,6 +205,33 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
         p.part_ml[2 * pi + 1] = l[hh];
       }
     }
+  }
+}
+
+// The output epilogue (SparseAttentionArgs::rope_pos / out16) on dims 4 * tid .. 4 * tid + 3 of head h of
+// query qi, final values v: the RoPE dims hold two whole pairs per thread (the rotated block starts at a
+// multiple of 4: rope_n_freq is even), rotated as glue's heads_norm_rope(inverse) does, then written.
+__device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, int h, int tid, float4 v) {
+  const int r0 = kD - 2 * a.rope_n_freq;
+  if (a.rope_pos && 4 * tid >= r0) {
+    const int64_t pos = a.rope_pos[qi];
+    const int i = (4 * tid - r0) / 2;
+    const float2 x = rope_rotate(v.x, v.y, pos, a.rope_inv_freq[i], true);
+    const float2 y = rope_rotate(v.z, v.w, pos, a.rope_inv_freq[i + 1], true);
+    v = make_float4(x.x, x.y, y.x, y.y);
+  }
+  const int64_t o = (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid;
+  *reinterpret_cast<float4*>(a.out + o) = v;
+  if (a.out16) {
+    uint2 b;
+    if (a.out16_f16) {
+      const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+    *reinterpret_cast<uint2*>(a.out16 + o) = b;
   }
 }
 

@@ -1,6 +1,6 @@
 // What the sparse-attention kernels share (sparse_attention.cu: the mma.sync and fp32 kernels, the combine and
-// the epilogue; sparse_attention_wgmma.cu: the sm_90a warpgroup-MMA kernel): the launch parameters, the output
-// epilogue, and the small device helpers. Internal to backend/cuda.
+// the epilogue; sparse_attention_wgmma.cu: the sm_90a warpgroup-MMA kernel): the launch parameters, the small device
+// helpers, and the per-thread softmax and result store of the two tensor-core kernels. Internal to backend/cuda.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,7 +8,6 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ptx.cuh"
-#include "backend/cuda/rope.cuh"
 
 namespace dsv4::cuda::attn {
 using namespace ptx;
@@ -25,33 +24,6 @@ struct Params {
   float* part_acc;  // [nq, splits, 64, 512]
   float* part_ml;   // [nq, splits, 64, 2]
 };
-
-// The output epilogue (SparseAttentionArgs::rope_pos / out16) on dims 4 * tid .. 4 * tid + 3 of head h of
-// query qi, final values v: the RoPE dims hold two whole pairs per thread (the rotated block starts at a
-// multiple of 4: rope_n_freq is even), rotated as glue's heads_norm_rope(inverse) does, then written.
-__device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, int h, int tid, float4 v) {
-  const int r0 = kD - 2 * a.rope_n_freq;
-  if (a.rope_pos && 4 * tid >= r0) {
-    const int64_t pos = a.rope_pos[qi];
-    const int i = (4 * tid - r0) / 2;
-    const float2 x = rope_rotate(v.x, v.y, pos, a.rope_inv_freq[i], true);
-    const float2 y = rope_rotate(v.z, v.w, pos, a.rope_inv_freq[i + 1], true);
-    v = make_float4(x.x, x.y, y.x, y.y);
-  }
-  const int64_t o = (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid;
-  *reinterpret_cast<float4*>(a.out + o) = v;
-  if (a.out16) {
-    uint2 b;
-    if (a.out16_f16) {
-      const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
-      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-    } else {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-      b = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-    }
-    *reinterpret_cast<uint2*>(a.out16 + o) = b;
-  }
-}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
