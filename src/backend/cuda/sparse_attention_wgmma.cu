@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       const uint64_t vdesc = wgmma::sw128_desc(tile_addr + 4 * wg * kTileBlock + 2048 * kk, kTileBlock);
-      wgmma::mma_rs_n256_bf16_tb(o, ph[kk], vdesc);
-      if (kSplit) wgmma::mma_rs_n256_bf16_tb(o, pl[kk % (kSplit ? 2 : 1)], vdesc);
+      wgmma::mma_rs<256, false, 1>(o, ph[kk], vdesc);
+      if (kSplit) wgmma::mma_rs<256, false, 1>(o, pl[kk % (kSplit ? 2 : 1)], vdesc);
     }
     wgmma::commit();
     // Waited here, not at the next tile's barrier: an o pipeline stage open across the loop's back edge makes

@@ -29,49 +29,58 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo = 0) 
          uint64_t(1) << 62;
 }
 
+// The inline-asm pieces of the shapes below. An accumulator of N / 2 fp32 registers per thread is the array `d`:
+// DSV4_WGMMA_D<k>(i) lists the operands "+f"(d[i]) .. "+f"(d[i + k - 1]); DSV4_WGMMA_R<k> names %0 .. %(k - 1).
+#define DSV4_WGMMA_D8(i)                                                                                     \
+  "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
+      "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define DSV4_WGMMA_D16(i) DSV4_WGMMA_D8(i), DSV4_WGMMA_D8((i) + 8)
+#define DSV4_WGMMA_D32(i) DSV4_WGMMA_D16(i), DSV4_WGMMA_D16((i) + 16)
+#define DSV4_WGMMA_D64(i) DSV4_WGMMA_D32(i), DSV4_WGMMA_D32((i) + 32)
+#define DSV4_WGMMA_D128(i) DSV4_WGMMA_D64(i), DSV4_WGMMA_D64((i) + 64)
+#define DSV4_WGMMA_R16 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+#define DSV4_WGMMA_R32 DSV4_WGMMA_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define DSV4_WGMMA_R64 DSV4_WGMMA_R32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define DSV4_WGMMA_R128                                                                                     \
+  DSV4_WGMMA_R64 ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"                        \
+                 ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+// wgmma m64 N k16 (N = 2 R), fp32 accumulators, A from four registers, B through a descriptor, with the operands
+// after the accumulators: a[0..3] = %R .. %R+3, b = %R+4, accumulate predicate source %R+5, imm-trans-b %R+6.
+#define DSV4_WGMMA_RS(N, R, TYPE, A, B, P, T)                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                           \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" DSV4_WGMMA_R##R "}, {" A \
+               "}, " B ", p, 1, 1, " T ";\n}\n"                                                              \
+               : DSV4_WGMMA_D##R(0)                                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB))
+
+// wgmma m64 N k16, f16 or bf16 inputs, fp32 accumulators d (accumulating), A from registers (the m16n8k16 A
+// fragment of each warp's 16 rows), B from shared memory through descriptor b: K-major (TransB = 0) or MN-major
+// (TransB = 1). N = 32, 64, 128 or 256.
+template <int N, bool F16, int TransB = 0>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "wgmma::mma_rs: N");
+  if constexpr (N == 32) {
+    if constexpr (F16) DSV4_WGMMA_RS(32, 16, "f16", "%16,%17,%18,%19", "%20", "%21", "%22");
+    else DSV4_WGMMA_RS(32, 16, "bf16", "%16,%17,%18,%19", "%20", "%21", "%22");
+  } else if constexpr (N == 64) {
+    if constexpr (F16) DSV4_WGMMA_RS(64, 32, "f16", "%32,%33,%34,%35", "%36", "%37", "%38");
+    else DSV4_WGMMA_RS(64, 32, "bf16", "%32,%33,%34,%35", "%36", "%37", "%38");
+  } else if constexpr (N == 128) {
+    if constexpr (F16) DSV4_WGMMA_RS(128, 64, "f16", "%64,%65,%66,%67", "%68", "%69", "%70");
+    else DSV4_WGMMA_RS(128, 64, "bf16", "%64,%65,%66,%67", "%68", "%69", "%70");
+  } else {
+    if constexpr (F16) DSV4_WGMMA_RS(256, 128, "f16", "%128,%129,%130,%131", "%132", "%133", "%134");
+    else DSV4_WGMMA_RS(256, 128, "bf16", "%128,%129,%130,%131", "%132", "%133", "%134");
+  }
+}
+
 // wgmma m64n32k16 bf16 -> f32, A and B from shared memory, both K-major; accumulate = 0 overwrites d.
 __device__ __forceinline__ void mma_ss_n32_bf16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" DSV4_WGMMA_R16 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : DSV4_WGMMA_D16(0)
       : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// wgmma m64n256k16 bf16 -> f32, A (4 registers) from registers, B from shared memory MN-major (imm-trans-b = 1).
-__device__ __forceinline__ void mma_rs_n256_bf16_tb(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
 }  // namespace dsv4::cuda::wgmma
