@@ -89,9 +89,11 @@ void line(const char* kind, const std::string& name, double us, double bytes, do
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --quick: fewer / smaller cases; --attn: copy peer + attention only; --attn-profile[=VARIANT]: one attention
-  // prefill variant (default "split-bf16 t2"; a name from the variants below), 4096 queries, for a profiler.
-  bool quick = false, attn_only = false, indexer_only = false, attn_profile = false;
+  // --quick: fewer / smaller cases; --attn: copy peer + attention only; --topk: copy peer + top-k only;
+  // --attn-profile[=VARIANT]: one attention prefill variant (default "split-bf16 t2"; a name from the variants
+  // below), 4096 queries, for a profiler.
+  bool quick = false, attn_only = false, indexer_only = false, attn_profile = false, topk_only = false;
+  int topk_case[3] = {0, 0, 0};
   const char* attn_profile_variant = "split-bf16 t2";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
@@ -101,6 +103,11 @@ int main(int argc, char** argv) {
       if (argv[i][14] == '=') attn_profile_variant = argv[i] + 15;
     }
     if (std::strcmp(argv[i], "--indexer") == 0) indexer_only = true;  // copy peer + indexer rows only
+    if (std::strcmp(argv[i], "--topk") == 0) topk_only = true;        // copy peer + top-k rows only
+    // --topk-case=ROWS,LEN,K: that one top-k shape (both kernels), e.g. for a profiler.
+    if (std::strncmp(argv[i], "--topk-case=", 12) == 0 &&
+        std::sscanf(argv[i] + 12, "%d,%d,%d", &topk_case[0], &topk_case[1], &topk_case[2]) == 3)
+      topk_only = true;
   }
   const cuda::DeviceConfig& dev = cuda::device_config();
   std::fprintf(stderr, "device: %s, %d SMs\n", dev.arch, dev.sm_count);
@@ -119,20 +126,28 @@ int main(int argc, char** argv) {
   // ---- top-k: rows x lengths x k, ratio = time / read floor (row bytes / copy bandwidth) ----
   if (!attn_only && !indexer_only)
   for (int k : {512, 1024})
-    for (int len : {8192, 65536, 262144})
+    for (int len : {8192, 16384, 32768, 65536, 262144})
       for (int rows : {1, 8, 64, 512}) {
         if (quick && rows > 8) continue;
+        if (topk_case[0] && (rows != topk_case[0] || len != topk_case[1] || k != topk_case[2])) continue;
         const size_t set_elems = size_t(rows) * len;
         const int sets = static_cast<int>(std::max<size_t>(1, std::min<size_t>(16, kRotateBytes / (set_elems * 4))));
         float* s = dalloc<float>(set_elems * sets);
         fill_normal<<<1024, 256>>>(s, set_elems * sets, 1234u + len + rows);
         int32_t* out = dalloc<int32_t>(size_t(rows) * k);
-        const double us = time_us([&](int i) {
-          cuda::topk_rows(s + (i % sets) * set_elems, len, len, nullptr, rows, k, out, nullptr);
-        });
-        const double bytes = 4.0 * set_elems;
-        line("topk", "rows=" + std::to_string(rows) + " len=" + std::to_string(len) + " k=" + std::to_string(k), us,
-             bytes, 0, "x_read_floor", us / (bytes / copy_bw * 1e6));
+        for (const char* kernel : {"default", "stream", "resident"}) {  // DSV4_TOPK_KERNEL
+          if (std::strcmp(kernel, "resident") == 0 && len > 65536) continue;  // streams either way
+          if (std::strcmp(kernel, "default") == 0) unsetenv("DSV4_TOPK_KERNEL");
+          else setenv("DSV4_TOPK_KERNEL", kernel, 1);
+          const double us = time_us([&](int i) {
+            cuda::topk_rows(s + (i % sets) * set_elems, len, len, nullptr, rows, k, out, nullptr);
+          });
+          const double bytes = 4.0 * set_elems;
+          line("topk", "rows=" + std::to_string(rows) + " len=" + std::to_string(len) + " k=" + std::to_string(k) +
+                           " " + kernel,
+               us, bytes, 0, "x_read_floor", us / (bytes / copy_bw * 1e6));
+        }
+        unsetenv("DSV4_TOPK_KERNEL");
         CK(cudaFree(s));
         CK(cudaFree(out));
       }
@@ -143,6 +158,7 @@ int main(int argc, char** argv) {
   // bytes = key rows + scores written; ratio = achieved bytes/s / copy bandwidth (read + write).
   // Prefill: 4096 queries at positions 61440..65535 over 16K keys, causal (query p sees (p+1)/4 keys);
   // flops = 2 * 64 * 128 * visible keys. "exact_q" rows run the older kernel (q as bf16 hi + lo) for comparison.
+  if (topk_only) return 0;
   if (!attn_only) {
     auto indexer_decode = [&](int nq, int64_t n_keys, cuda::IndexerKeyFormat fmt, bool paged, bool exact) {
       const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;

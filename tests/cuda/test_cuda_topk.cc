@@ -2,6 +2,7 @@
 // values, ascending output, -1 padding), so indices must match exactly — which implies identical value
 // multisets — on random rows and on the adversarial battery of issue #4 / spec F9, F15.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -21,29 +22,45 @@ struct Case {
   std::vector<int32_t> lengths;  // empty: all cols
 };
 
-// Runs the GPU kernel on `c` (output poisoned first) and compares every row with the CPU reference.
+// The kernels behind cuda::topk_rows for rows longer than k, selected per call by DSV4_TOPK_KERNEL ("resident"
+// applies to rows of at most 64K entries; longer ones take the streaming kernel either way).
+const char* const kKernels[] = {"stream", "resident"};
+// Sets DSV4_TOPK_KERNEL for its lifetime.
+struct KernelChoice {
+  explicit KernelChoice(const char* k) { setenv("DSV4_TOPK_KERNEL", k, 1); }
+  ~KernelChoice() { unsetenv("DSV4_TOPK_KERNEL"); }
+};
+
+// Runs every kernel on `c` (output poisoned first) and compares every row with the CPU reference.
 void check_case(const Case& c) {
   SCOPED_TRACE(c.name + " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols) +
                " k=" + std::to_string(c.k));
+  std::vector<int32_t> want(static_cast<size_t>(c.rows) * c.k);
+  for (int r = 0; r < c.rows; ++r) {
+    const int n = c.lengths.empty() ? c.cols : std::min(c.lengths[r], c.cols);
+    cpu::topk_row(c.scores.data() + static_cast<int64_t>(r) * c.stride, n, c.k, want.data() + static_cast<int64_t>(r) * c.k);
+  }
   DeviceBuffer<float> d_scores(c.scores.size());
   d_scores.upload(c.scores);
   DeviceBuffer<int32_t> d_len(std::max<size_t>(c.lengths.size(), 1));
   if (!c.lengths.empty()) d_len.upload(c.lengths);
   DeviceBuffer<int32_t> d_out(static_cast<size_t>(c.rows) * c.k);
-  d_out.poison();
-  cuda::topk_rows(d_scores.get(), c.stride, c.cols, c.lengths.empty() ? nullptr : d_len.get(), c.rows, c.k,
-                  d_out.get(), nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<int32_t> got = d_out.download();
-  std::vector<int32_t> want(c.k);
-  for (int r = 0; r < c.rows; ++r) {
-    const int n = c.lengths.empty() ? c.cols : std::min(c.lengths[r], c.cols);
-    cpu::topk_row(c.scores.data() + static_cast<int64_t>(r) * c.stride, n, c.k, want.data());
-    const int32_t* g = got.data() + static_cast<int64_t>(r) * c.k;
-    int bad = -1;
-    for (int i = 0; i < c.k && bad < 0; ++i)
-      if (g[i] != want[i]) bad = i;
-    ASSERT_EQ(bad, -1) << "row " << r << " slot " << bad << ": gpu " << g[bad] << " cpu " << want[bad];
+  for (const char* kernel : kKernels) {
+    SCOPED_TRACE(kernel);
+    const KernelChoice choice(kernel);
+    d_out.poison();
+    cuda::topk_rows(d_scores.get(), c.stride, c.cols, c.lengths.empty() ? nullptr : d_len.get(), c.rows, c.k,
+                    d_out.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int32_t> got = d_out.download();
+    for (int r = 0; r < c.rows; ++r) {
+      const int32_t* g = got.data() + static_cast<int64_t>(r) * c.k;
+      const int32_t* w = want.data() + static_cast<int64_t>(r) * c.k;
+      int bad = -1;
+      for (int i = 0; i < c.k && bad < 0; ++i)
+        if (g[i] != w[i]) bad = i;
+      ASSERT_EQ(bad, -1) << "row " << r << " slot " << bad << ": gpu " << g[bad] << " cpu " << w[bad];
+    }
   }
 }
 
@@ -132,6 +149,34 @@ TEST(CudaTopk, PivotBinPopulations) {
     }
 }
 
+// Many rows: the streaming kernel's cluster size follows the row count (8 CTAs per row for a few rows, 1 for
+// hundreds), so these cover its other cluster sizes. Ascending rows admit every element of every tile and
+// compact the candidate buffer after each one; descending rows never compact after the first; ties and
+// per-row lengths cross the compaction points.
+TEST(CudaTopk, ManyRows) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 8);
+  for (int k : {512, 1024, 2048})
+    for (int rows : {64, 300, 512}) {
+      const int cols = rows == 300 ? 20001 : 32768;
+      Case c = random_case(rng, rows, cols, k);
+      c.name = "many-rows";
+      std::uniform_int_distribution<int> v(0, 15), len(0, cols);
+      for (int r = 0; r < rows; ++r) {
+        float* x = c.scores.data() + static_cast<int64_t>(r) * cols;
+        switch (r % 5) {
+          case 1: for (int i = 0; i < cols; ++i) x[i] = static_cast<float>(i); break;         // ascending
+          case 2: for (int i = 0; i < cols; ++i) x[i] = static_cast<float>(cols - i); break;  // descending
+          case 3: for (int i = 0; i < cols; ++i) x[i] = static_cast<float>(v(rng)); break;    // ties
+          default: break;
+        }
+      }
+      c.lengths.resize(rows);
+      for (int r = 0; r < rows; ++r) c.lengths[r] = r % 7 == 6 ? len(rng) : cols;
+      check_case(c);
+    }
+}
+
 // -inf padding, NaN, fewer valid entries than k, per-row lengths (incl. 0 and lengths past cols).
 TEST(CudaTopk, InvalidEntriesAndLengths) {
   DSV4_REQUIRE_GPU();
@@ -172,11 +217,10 @@ TEST(CudaTopk, FewerEntriesThanK) {
     }
 }
 
-// F7: one captured graph replayed 100 times with new device-side lengths (crossing k, the buffer and the
-// streaming thresholds) and new scores; each replay must equal the CPU reference (and so eager execution).
-TEST(CudaTopk, GraphReplayWithChangingLengths) {
-  DSV4_REQUIRE_GPU();
-  std::mt19937_64 rng(cuda_test::test_seed() + 7);
+// F7, for the kernel chosen by DSV4_TOPK_KERNEL: one captured graph replayed 100 times with new device-side
+// lengths (crossing k, the buffer and the streaming thresholds) and new scores; each replay must equal the CPU
+// reference (and so eager execution).
+void check_graph_replay(std::mt19937_64& rng) {
   const int rows = 6, cols = 70000, k = 1024;
   DeviceBuffer<float> d_scores(static_cast<size_t>(rows) * cols);
   DeviceBuffer<int32_t> d_len(rows), d_out(static_cast<size_t>(rows) * k), d_eager(static_cast<size_t>(rows) * k);
@@ -216,6 +260,16 @@ TEST(CudaTopk, GraphReplayWithChangingLengths) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
+}
+
+TEST(CudaTopk, GraphReplayWithChangingLengths) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 7);
+  for (const char* kernel : kKernels) {
+    SCOPED_TRACE(kernel);
+    const KernelChoice choice(kernel);
+    check_graph_replay(rng);
+  }
 }
 
 TEST(CudaTopk, UnsupportedShapeFailsLoudly) {

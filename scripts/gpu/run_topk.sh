@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds and checks the CUDA top-k only: test_cuda_topk (twice, two fresh seeds), the top-k rows of
+# bench_cuda_kernels (--topk: the default choice and each kernel, DSV4_TOPK_KERNEL) next to torch.topk, Nsight Compute on two shapes,
+# a compact table last. Usage (GPU machine, repository root): scripts/gpu/run_topk.sh
+# Results in $OUT (default build-gpu-topk/out): table.md, bench.csv, torch_topk.csv, test*.log, ncu*.txt.
+# TOPK_NCU="ROWS,LEN,K ..." picks the profiled shapes (default "1,65536,512 512,262144,512"; "none": no ncu).
+set -uo pipefail
+RES=${OUT:-build-gpu-topk/out}
+mkdir -p "$RES"
+JOBS=16
+DEPS_LOG="$RES/deps.log"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source scripts/gpu/deps_prefix.sh
+stamp "deps ready"
+{ cmake -S . -B build-gpu-topk -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} &&
+  cmake --build build-gpu-topk -j "$JOBS" --target test_cuda_topk bench_cuda_kernels; } > "$RES/build.log" 2>&1 ||
+  { echo "BUILD FAILED"; grep -E "error" "$RES/build.log" | head -30; tail -30 "$RES/build.log"; exit 1; }
+stamp "built"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$RES/gpu.txt" 2>&1
+status=0
+exe=$(find build-gpu-topk -name test_cuda_topk -type f -perm -u+x | head -1)
+# Two fresh seeds (each log prints its DSV4_TEST_SEED); every case runs on each kernel (DSV4_TOPK_KERNEL).
+for run in 1 2; do
+  log="$RES/test_$run.log"
+  timeout 200 "$exe" > "$log" 2>&1
+  rc=$?
+  stamp "test run $run rc=$rc"
+  if [ $rc -ne 0 ]; then
+    status=1
+    echo "== test failures (first 40 lines)"
+    grep -E -A4 "Failure|FAILED|what\(\)|exception|error" "$log" | head -40
+    tail -5 "$log"
+  fi
+done
+bench=$(find build-gpu-topk -name bench_cuda_kernels -type f -perm -u+x | head -1)
+timeout 120 "$bench" --topk > "$RES/bench.csv" 2> "$RES/bench.err" || { echo "bench failed"; tail "$RES/bench.err"; status=1; }
+stamp "bench done"
+timeout 120 python3 bench/cuda/torch_topk_peer.py > "$RES/torch_topk.csv" 2> "$RES/torch.err" || tail "$RES/torch.err"
+stamp "torch done"
+python3 bench/cuda/report.py "$RES/bench.csv" "$RES/torch_topk.csv" > "$RES/table.md" 2>&1
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+SHAPES=${TOPK_NCU:-"1,65536,512 512,262144,512"}
+if [ -n "$NCU" ] && [ "$SHAPES" != none ]; then
+  for shape in $SHAPES; do
+    # The default choice: 3 warm-up launches, then the first timed one.
+    timeout 60 "$NCU" -k regex:topk_ --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+      "$bench" --topk-case="$shape" > "$RES/ncu_${shape//,/_}.txt" 2>&1
+    stamp "ncu $shape rc=$?"
+  done
+fi
+echo "== $(cat "$RES/gpu.txt")"
+for f in "$RES"/ncu_*.txt; do
+  [ -f "$f" ] || continue
+  echo "== ncu $(basename "$f" .txt) (the default kernel, one launch)"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|stalled_[a-z_]+_per_issue_active\.ratio +[a-z]* +[0-9.]*[1-9]|==ERR|ERR_|rror" "$f" | \
+    sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active\.ratio//; s/  +/ /g' | head -24
+done
+cat "$RES/table.md"
+for run in 1 2; do
+  log="$RES/test_$run.log"
+  echo "== tests run $run ($(grep -m1 DSV4_TEST_SEED "$log")): $(grep -E '^\[  PASSED|^\[  FAILED|FAILED  \]' "$log" | tr '\n' ' ')"
+done
+exit $status

@@ -1,0 +1,46 @@
+// Pieces shared by the top-k kernels (topk.cu, topk_resident.cu, topk_stream.cu; docs/KERNELS.md "Exact top-k").
+//
+// Keys. Every float maps to a 32-bit key whose unsigned order is the float order (sign flip; -0 is folded into
+// +0 so that equal floats have equal keys); NaN and -inf map to key 0 and are never selected. Every selection
+// is an MSD radix select on keys (the first digit, the top 11 bits = sign, exponent and 2 mantissa bits, is the
+// "coarse bin"), and every kernel applies the same rule to its result: x is selected iff key(x) > T, or key(x)
+// == T and x is among the first `ties` such elements in index order. Output indices come out ascending and
+// exact ties are taken lowest index first, bit-identical to cpu::topk_row.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+namespace dsv4::cuda::topk_detail {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;                      // the coarse histogram (11 bits)
+constexpr int kBinsPerThread = kBins / kThreads; // 8
+constexpr int kBinShift = 21;                    // bin = key >> 21
+constexpr int kMaxCluster = 8;                   // the portable cluster size (sm_90, sm_12x)
+constexpr int kResidentTile = 8192;              // topk_resident: elements per CTA, held in registers
+
+__device__ __forceinline__ uint32_t to_key(float x) {
+  if (x != x || x == -INFINITY) return 0u;
+  if (x == 0.0f) x = 0.0f;  // -0 -> +0
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+using ScanInt = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+
+// Launchers (same arguments as cuda::topk_rows, already validated; cols > k). Each picks its cluster size from
+// the shapes only, so eager and graph launches agree.
+// Register-resident rows: cols <= kMaxCluster * kResidentTile.
+cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
+                                 int rows, int k, int32_t* out, cudaStream_t stream);
+// Any row length.
+cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
+                               int rows, int k, int32_t* out, cudaStream_t stream);
+
+}  // namespace dsv4::cuda::topk_detail
