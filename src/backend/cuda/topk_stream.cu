@@ -12,7 +12,7 @@ namespace {
 
 // A row is served by a thread-block cluster of C <= 8 CTAs (C from the shapes only); CTA c owns the contiguous
 // chunk [c*chunk, (c+1)*chunk). The chunk is read as a stream of 2048-element tiles (the next one in flight in
-// registers, four ahead requested from L2), and only *candidates* are kept: (key, index) pairs in
+// registers), and only *candidates* are kept: (key, index) pairs in
 // a shared-memory buffer, in index order. An element is admitted iff key >= lo. lo starts at 1 (every valid
 // key); whenever the buffer could not take another tile, the CTA compacts it to its own top k by (key desc,
 // index asc) -- a radix select over the buffer, then an order-preserving in-place compaction -- and raises lo
@@ -27,7 +27,6 @@ namespace {
 constexpr int kSVec = 2;                          // float4 per thread per tile
 constexpr int kSTile = 4 * kSVec * kThreads;      // 2048 elements per tile
 constexpr int kSAhead = 1;                        // tiles loaded ahead of the one being filtered
-constexpr int kSPrefetch = 4;                     // tiles prefetched into L2 ahead of the one being filtered
 constexpr int kSRing = kSAhead + 1;
 constexpr int kSCap = 4608;                       // buffered candidates: k (<= 2048) + a tile + headroom
 constexpr int kSWave = 4 * kThreads;              // entries per emission wave (4 contiguous per thread)
@@ -229,14 +228,6 @@ __device__ __forceinline__ void load_stream_tile(const float* __restrict__ row, 
   }
 }
 
-// Asks L2 for a whole tile ahead of its loads (one bulk prefetch instruction, sm_90 and later): the register ring
-// keeps only one tile in flight, and without this the first use of each tile waited on DRAM (Nsight Compute:
-// ~15% of the stall samples on that instruction, run 6 of the thirteenth session).
-__device__ __forceinline__ void prefetch_tile(const float* __restrict__ row, bool aligned, int tb, int ce) {
-  if (threadIdx.x == 0 && aligned && tb + kSTile <= ce)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + tb), "r"(kSTile * 4) : "memory");
-}
-
 __global__ void __launch_bounds__(kThreads, 4)
     topk_stream_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
                        const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
@@ -263,13 +254,11 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
   for (int a = 0; a < kSAhead; ++a)
     if (a < nt) load_stream_tile(row, aligned, cb + a * kSTile, ce, ring[a]);
-  for (int a = kSAhead; a < kSPrefetch; ++a) prefetch_tile(row, aligned, cb + a * kSTile, ce);
   for (int t0 = 0; t0 < nt; t0 += kSRing) {
 #pragma unroll
     for (int slot = 0; slot < kSRing; ++slot) {
       const int t = t0 + slot;
       if (t < nt) {
-        prefetch_tile(row, aligned, cb + (t + kSPrefetch) * kSTile, ce);
         if (t + kSAhead < nt) load_stream_tile(row, aligned, cb + (t + kSAhead) * kSTile, ce, ring[(slot + kSAhead) % kSRing]);
         const int tb = cb + t * kSTile;
         // Admission is one float compare per element (admit_bound); once lo has risen most threads, warps and
