@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and checks the CUDA top-k only: test_cuda_topk (twice, two fresh seeds), the top-k rows of
-# bench_cuda_kernels (--topk: the default choice and each kernel, DSV4_TOPK_KERNEL) next to torch.topk, Nsight Compute on two shapes,
-# a compact table last. Usage (GPU machine, repository root): scripts/gpu/run_topk.sh
+# bench_cuda_kernels (--topk: the default choice and each kernel, DSV4_TOPK_KERNEL) next to torch.topk,
+# Nsight Compute on two shapes, a compact table last. Usage (GPU machine, repository root): scripts/gpu/run_topk.sh
 # Results in $OUT (default build-gpu-topk/out): table.md, bench.csv, torch_topk.csv, test*.log, ncu*.txt.
 # TOPK_NCU="ROWS,LEN,K ..." picks the profiled shapes (default "1,65536,512 512,262144,512"; "none": no ncu).
 set -uo pipefail

@@ -38,7 +38,8 @@ void check_case(const Case& c) {
   std::vector<int32_t> want(static_cast<size_t>(c.rows) * c.k);
   for (int r = 0; r < c.rows; ++r) {
     const int n = c.lengths.empty() ? c.cols : std::min(c.lengths[r], c.cols);
-    cpu::topk_row(c.scores.data() + static_cast<int64_t>(r) * c.stride, n, c.k, want.data() + static_cast<int64_t>(r) * c.k);
+    cpu::topk_row(c.scores.data() + static_cast<int64_t>(r) * c.stride, n, c.k,
+                  want.data() + static_cast<int64_t>(r) * c.k);
   }
   DeviceBuffer<float> d_scores(c.scores.size());
   d_scores.upload(c.scores);

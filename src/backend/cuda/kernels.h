@@ -31,10 +31,11 @@ bool pdl_enabled();
 // ---- exact top-k per row (reference: cpu::topk_row) ---------------------------------------------------------
 // scores: [rows, row_stride] fp32; row r holds lengths[r] entries (lengths == nullptr: all `cols`; values
 // above `cols` are clamped). out: [rows, k] int32 = the selected indices in ascending order, then -1.
-// Exact for any input (the pivot-bin overflow path rescans the row; nothing is truncated), lowest index
-// wins among equal values, NaN/-inf never selected. One thread-block cluster (<= 8 CTAs) per row, exchanging
-// data only through distributed shared memory and the cluster barrier (no global workspace, no spin loop).
-// Supported: 1 <= k <= 2048, cols <= 2^24.
+// Exact for any input (nothing is ever truncated), lowest index wins among equal values, NaN/-inf never
+// selected. One thread-block cluster (<= 8 CTAs) per row, exchanging data only through distributed shared
+// memory and the cluster barrier (no global workspace, no spin loop); the kernel is chosen from the shapes
+// (topk.cu: a streaming kernel that reads each row once, or for a few rows of 16K-64K a register-resident one).
+// Supported: 1 <= k <= 2048, cols <= 2^24, rows < 2^28.
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
                int32_t* out, cudaStream_t stream);
 

@@ -51,10 +51,11 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
 }
 
 // The register-resident kernel for rows of 16K-64K entries (a cluster of 2-8 CTAs per row) when all clusters fit
-// two CTAs per SM; the streaming kernel otherwise. Measured on the H200 (docs/KERNELS.md): 1-8 rows of 64K take
-// 20 us on the resident kernel against 26-30 on the streaming one (which compacts its buffer once per chunk
-// there), 64 rows of 16K-32K 17-35 against 28-49; 8K rows, 64 rows of 64K and any 256K rows are faster streamed (up to
-// 6x at 512 rows).
+// two CTAs per SM; the streaming kernel otherwise. Measured on the H200 (docs/KERNELS.md, run 65): 1-8 rows of
+// 64K take 20 us on the resident kernel against 26-31 on the streaming one (which compacts its buffer once per
+// 8K chunk there), 64 rows of 16K-32K 16-35 against 28-49; 8K rows, 64 rows of 64K and any 256K rows are faster
+// streamed (up to 8x at 512 rows). The engine's batch-1 decode step at 8K context (one row of 4,096) is 0.28 ms
+// faster with the streaming kernel than with the resident one (run 70).
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
 bool use_resident(int64_t cols, int rows) {

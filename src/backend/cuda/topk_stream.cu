@@ -259,14 +259,16 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int slot = 0; slot < kSRing; ++slot) {
       const int t = t0 + slot;
       if (t < nt) {
-        if (t + kSAhead < nt) load_stream_tile(row, aligned, cb + (t + kSAhead) * kSTile, ce, ring[(slot + kSAhead) % kSRing]);
+        if (t + kSAhead < nt)
+          load_stream_tile(row, aligned, cb + (t + kSAhead) * kSTile, ce, ring[(slot + kSAhead) % kSRing]);
         const int tb = cb + t * kSTile;
         // Admission is one float compare per element (admit_bound); once lo has risen most threads, warps and
         // often whole tiles admit nothing, so the work is shaped for that: a thread whose maximum is below the
         // bound builds no mask, a warp with nothing admitted scans nothing, and a tile with nothing admitted
         // ends after one barrier. Keys are formed for admitted elements only.
         const float4 f0 = ring[slot][0], f1 = ring[slot][1];
-        const float mx = fmaxf(fmaxf(fmaxf(f0.x, f0.y), fmaxf(f0.z, f0.w)), fmaxf(fmaxf(f1.x, f1.y), fmaxf(f1.z, f1.w)));
+        const float mx =
+            fmaxf(fmaxf(fmaxf(f0.x, f0.y), fmaxf(f0.z, f0.w)), fmaxf(fmaxf(f1.x, f1.y), fmaxf(f1.z, f1.w)));
         unsigned m = 0;  // bit 4u + e: element (u, e) of this thread is admitted (NaN never is; fmaxf skips it)
         if (mx >= bound) {
           m = (f0.x >= bound ? 1u : 0u) | (f0.y >= bound ? 2u : 0u) | (f0.z >= bound ? 4u : 0u) |
@@ -354,12 +356,12 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
                                int rows, int k, int32_t* out, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(topk_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(kStreamSmem));
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      topk_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStreamSmem));
   if (attr != cudaSuccess) return attr;
   // CTAs per row from the shapes only (never from device data): about two CTAs per SM over all rows, at least
   // two tiles per CTA, at most kMaxCluster. (16 CTAs per row, a non-portable cluster on sm_90, was slower:
-  // 40 against 26 us for one 64K row, run 2 of the thirteenth session.)
+  // 40 against 26 us for one 64K row, run 62 in docs/PERFORMANCE.md.)
   const int64_t want = (2 * static_cast<int64_t>(device_config().sm_count) + rows - 1) / rows;
   const int C = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, cols / (2 * kSTile)), 1, kMaxCluster));
   return launch_cluster(topk_stream_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kThreads), kStreamSmem,
