@@ -5,19 +5,9 @@
 # Results in $OUT (default build-gpu-attn/out): table.md, bench.csv, test.log, build.log, ptxas.txt.
 set -uo pipefail
 RES=${OUT:-build-gpu-attn/out}
-mkdir -p "$RES"
-JOBS=16
-DEPS_LOG="$RES/deps.log"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-source scripts/gpu/deps_prefix.sh
-stamp "deps ready"
-{ cmake -S . -B build-gpu-attn -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} &&
-  cmake --build build-gpu-attn -j "$JOBS" --target test_cuda_sparse_attention bench_cuda_kernels; } > "$RES/build.log" 2>&1 ||
-  { echo "BUILD FAILED"; grep -E "error" "$RES/build.log" | head -30; tail -30 "$RES/build.log"; exit 1; }
-stamp "built"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$RES/gpu.txt" 2>&1
+BDIR=build-gpu-attn
+TARGETS="test_cuda_sparse_attention bench_cuda_kernels"
+source scripts/gpu/build_kernel_targets.sh
 status=0
 exe=$(find build-gpu-attn -name test_cuda_sparse_attention -type f -perm -u+x | head -1)
 timeout 110 "$exe" > "$RES/test.log" 2>&1

@@ -6,19 +6,9 @@
 # TOPK_NCU="ROWS,LEN,K ..." picks the profiled shapes (default "1,65536,512 512,262144,512"; "none": no ncu).
 set -uo pipefail
 RES=${OUT:-build-gpu-topk/out}
-mkdir -p "$RES"
-JOBS=16
-DEPS_LOG="$RES/deps.log"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-source scripts/gpu/deps_prefix.sh
-stamp "deps ready"
-{ cmake -S . -B build-gpu-topk -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} &&
-  cmake --build build-gpu-topk -j "$JOBS" --target test_cuda_topk bench_cuda_kernels; } > "$RES/build.log" 2>&1 ||
-  { echo "BUILD FAILED"; grep -E "error" "$RES/build.log" | head -30; tail -30 "$RES/build.log"; exit 1; }
-stamp "built"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$RES/gpu.txt" 2>&1
+BDIR=build-gpu-topk
+TARGETS="test_cuda_topk bench_cuda_kernels"
+source scripts/gpu/build_kernel_targets.sh
 status=0
 exe=$(find build-gpu-topk -name test_cuda_topk -type f -perm -u+x | head -1)
 # Two fresh seeds (each log prints its DSV4_TEST_SEED); every case runs on each kernel (DSV4_TOPK_KERNEL).

@@ -34,6 +34,29 @@ __device__ __forceinline__ uint32_t to_key(float x) {
 
 using ScanInt = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
+// This CTA's share of its row: the grid is rows x C CTAs in clusters of C, CTA `rank` of a cluster owns elements
+// [cb, ce) of row r (chunks are multiples of 4 so that float4 loads stay aligned inside an aligned row).
+struct RowChunk {
+  int C, rank, r;
+  const float* row;
+  int n, cb, ce;  // the row's valid length and this CTA's chunk
+  bool aligned;   // row start 16-byte aligned
+};
+__device__ __forceinline__ RowChunk row_chunk(const cg::cluster_group& cluster, const float* scores,
+                                              int64_t row_stride, int cols, const int32_t* lengths) {
+  RowChunk c;
+  c.C = static_cast<int>(cluster.num_blocks());
+  c.rank = static_cast<int>(cluster.block_rank());
+  c.r = blockIdx.x / c.C;
+  c.row = scores + static_cast<int64_t>(c.r) * row_stride;
+  c.n = lengths ? max(0, min(lengths[c.r], cols)) : cols;
+  const int chunk = ((c.n + c.C - 1) / c.C + 3) & ~3;
+  c.cb = min(c.n, c.rank * chunk);
+  c.ce = min(c.n, c.cb + chunk);
+  c.aligned = (reinterpret_cast<uintptr_t>(c.row) & 15u) == 0;
+  return c;
+}
+
 // Launchers (same arguments as cuda::topk_rows, already validated; cols > k). Each picks its cluster size from
 // the shapes only, so eager and graph launches agree.
 // Register-resident rows: cols <= kMaxCluster * kResidentTile.

@@ -88,22 +88,16 @@ __device__ void select_digit(Shared& s, int c, int need, int nb) {
 
 __global__ void __launch_bounds__(kThreads, 2)
     topk_resident_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
-                     const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
+                         const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ Shared s;
   cg::cluster_group cluster = cg::this_cluster();
-  const int C = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
+  const RowChunk rc = row_chunk(cluster, scores, row_stride, cols, lengths);
+  const int C = rc.C, rank = rc.rank, n = rc.n, cb = rc.cb, ce = rc.ce;
+  const float* row = rc.row;
+  const bool aligned = rc.aligned;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r = blockIdx.x / C;
-  const float* row = scores + static_cast<int64_t>(r) * row_stride;
-  int32_t* orow = out + static_cast<int64_t>(r) * k;
-  int n = cols;
-  if (lengths) n = max(0, min(lengths[r], cols));
-  // Chunks are multiples of 4 so that float4 loads stay aligned inside an aligned row.
-  const int chunk = ((n + C - 1) / C + 3) & ~3;
-  const int cb = min(n, rank * chunk), ce = min(n, cb + chunk);
-  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+  int32_t* orow = out + static_cast<int64_t>(rc.r) * k;
 
   uint32_t v[4 * kVec];  // keys: the whole chunk (the host launches this kernel for chunks of <= kTile only)
   load_tile(row, aligned, cb, ce, v);  // issued first: the loads fly while shared is reset

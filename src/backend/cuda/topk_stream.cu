@@ -235,16 +235,12 @@ __global__ void __launch_bounds__(kThreads, 4)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StreamShared& s = *reinterpret_cast<StreamShared*>(smem_raw);
   cg::cluster_group cluster = cg::this_cluster();
-  const int C = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
+  const RowChunk rc = row_chunk(cluster, scores, row_stride, cols, lengths);
+  const int C = rc.C, rank = rc.rank, cb = rc.cb, ce = rc.ce;
+  const float* row = rc.row;
+  const bool aligned = rc.aligned;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r = blockIdx.x / C;
-  const float* row = scores + static_cast<int64_t>(r) * row_stride;
-  const int n = lengths ? max(0, min(lengths[r], cols)) : cols;
-  const int chunk = ((n + C - 1) / C + 3) & ~3;  // multiples of 4: float4 loads stay aligned
-  const int cb = min(n, rank * chunk), ce = min(n, cb + chunk);
   const int nt = (ce - cb + kSTile - 1) / kSTile;
-  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
 
   // ---- stream: admit key >= lo into the buffer, in index order ----
   uint32_t lo = 1u;  // key 0 (NaN, -inf, padding) is never admitted
@@ -342,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     before += q < rank ? v : 0ull;
     all += v;
   }
-  int32_t* orow = out + static_cast<int64_t>(r) * k;
+  int32_t* orow = out + static_cast<int64_t>(rc.r) * k;
   emit_ordered(s, phase, cnt, th, static_cast<int>(before >> 32), static_cast<int>(before & 0xffffffffu),
                [&](int at, int32_t id, uint32_t) { orow[at] = id; });
   if (rank == 0) {
