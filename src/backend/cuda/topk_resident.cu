@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ Shared s;
   cg::cluster_group cluster = cg::this_cluster();
   const RowChunk rc = row_chunk(cluster, scores, row_stride, cols, lengths);
-  const int C = rc.C, rank = rc.rank, n = rc.n, cb = rc.cb, ce = rc.ce;
+  const int C = rc.C, rank = rc.rank, cb = rc.cb, ce = rc.ce;
   const float* row = rc.row;
   const bool aligned = rc.aligned;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
