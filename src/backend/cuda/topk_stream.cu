@@ -12,11 +12,10 @@ namespace {
 
 // A row is served by a thread-block cluster of C <= 8 CTAs (C from the shapes only); CTA c owns the contiguous
 // chunk [c*chunk, (c+1)*chunk). The chunk is read as a stream of 2048-element tiles (the next one in flight in
-// registers), and only *candidates* are kept: (key, index) pairs in
-// a shared-memory buffer, in index order. An element is admitted iff key >= lo. lo starts at 1 (every valid
-// key); whenever the buffer could not take another tile, the CTA compacts it to its own top k by (key desc,
-// index asc) -- a radix select over the buffer, then an order-preserving in-place compaction -- and raises lo
-// to the k-th key + 1. Everything dropped or refused ranks below k kept entries of the same chunk, so the
+// registers), and only *candidates* are kept: (key, index) pairs in a shared-memory buffer, in index order. An
+// element is admitted iff key >= lo. lo starts at 1 (every valid key); whenever the buffer could not take
+// another tile, the CTA compacts it to its own top k by (key desc, index asc) -- a radix select over the buffer,
+// then an order-preserving in-place compaction -- and raises lo to the k-th key + 1. Everything dropped or refused ranks below k kept entries of the same chunk, so the
 // buffer always holds the chunk's top k, and the row's top k is inside the union of the C buffers (an entry
 // of the row's top k has fewer than k entries above it anywhere). With random data lo rises fast: a 256K chunk
 // is compacted ~2 times at k = 512.
@@ -38,7 +37,7 @@ struct StreamShared {
   uint32_t key[kSCap];   // candidates in index order
   int32_t idx[kSCap];    // their element indices in the row
   int hist[2][kBins];    // radix rounds alternate between the two (other CTAs read the previous one)
-  int wsum[kSRing + 2][kWarps];  // block scans: one per ring slot, then two alternating (see block_exclusive_sum)
+  int wsum[kSRing + 2][kWarps];  // block scans: a row per ring slot, then two alternating (block_exclusive_sum)
   unsigned long long tot;  // this CTA's (gt << 32) | eq at emission (read by the other CTAs)
   int pivot, above, pcnt;
 };
@@ -46,8 +45,9 @@ constexpr size_t kStreamSmem = sizeof(StreamShared);
 
 // Exclusive prefix sum of x over the block in thread order; `total` = the block's sum. One barrier: two
 // consecutive scans never use the same wsum row (`buf`), so a scan never overwrites totals another thread may
-// still be reading. The streaming loop uses row `ring slot` (consecutive tiles differ); compaction and the final
-// selection alternate rows kSRing and kSRing + 1 (next_buf). Compile-time rows keep the loop's state in registers.
+// still be reading. The streaming loop's own per-tile warp totals use row `ring slot` (consecutive tiles differ);
+// compaction and the final selection alternate rows kSRing and kSRing + 1 (next_buf). Compile-time rows keep
+// the loop's state in registers.
 constexpr int kScanA = kSRing, kScanB = kSRing + 1;
 __device__ __forceinline__ int next_buf(int& phase) {
   const int b = phase;
