@@ -22,7 +22,8 @@ print("| --- | ---: | ---: | ---: | ---: |")
 for r in ours:
     if r[0] != "topk":
         continue
-    t = torch.get(" ".join(r[1].split()[:3]))  # "rows=.. len=.. k=.." (ours adds the kernel's name)
+    # "rows=.. len=.. k=.." (ours adds the kernel's name, and "narrow" for the other distribution: no peer)
+    t = None if "narrow" in r[1] else torch.get(" ".join(r[1].split()[:3]))
     tt = f"{t:.1f}" if t else "-"
     sp = f"{t / float(r[2]):.1f}x" if t else "-"
     print(f"| {r[1]} | {float(r[2]):.1f} | {tt} | {sp} | {float(r[6]):.2f}x |")

@@ -27,7 +27,7 @@ def time_us(fn, reps=30, per_batch=10):
 
 
 for k in (512, 1024):
-    for length in (8192, 16384, 32768, 65536, 262144):
+    for length in (4096, 8192, 16384, 32768, 65536, 262144):
         for rows in (1, 8, 64, 512):
             if quick and rows > 8:
                 continue

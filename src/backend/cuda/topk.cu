@@ -1,7 +1,7 @@
 // Exact top-k per row (reference: cpu::topk_row; design notes in docs/KERNELS.md "Exact top-k"): argument
 // checks and the choice among three kernels, all exact, all with the selection rule of topk_common.cuh:
 //   - rows no longer than k: topk_short_kernel below (every valid entry is selected: a compaction);
-//   - a few rows of 16K-64K entries: topk_resident.cu (a cluster of up to 8 CTAs per row, the row in registers);
+//   - few rows of 32K-64K entries: topk_resident.cu (a cluster of up to 8 CTAs per row, the row in registers);
 //   - everything else: topk_stream.cu (the row read once as a stream, candidates kept in shared memory).
 // The choice depends on the shapes only, so eager and graph launches agree.
 #include <algorithm>
@@ -50,12 +50,16 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
   for (int i = total + tid; i < k; i += kThreads) orow[i] = -1;
 }
 
-// The register-resident kernel for rows of 16K-64K entries (a cluster of 2-8 CTAs per row) when all clusters fit
-// two CTAs per SM; the streaming kernel otherwise. Measured on the H200 (docs/KERNELS.md, run 65): 1-8 rows of
-// 64K take 20 us on the resident kernel against 26-31 on the streaming one (which compacts its buffer once per
-// 8K chunk there), 64 rows of 16K-32K 16-35 against 28-49; 8K rows, 64 rows of 64K and any 256K rows are faster
-// streamed (up to 8x at 512 rows). The engine's batch-1 decode step at 8K context (one row of 4,096) is 0.28 ms
-// faster with the streaming kernel than with the resident one (run 70).
+// The register-resident kernel for rows of 32K-64K entries when all of its CTAs fit two per SM (rows x
+// ceil(cols / 8K) <= 2 x SMs), the streaming kernel otherwise. Measured on the H200 (docs/KERNELS.md, runs 75-78):
+// - alone (bench, back-to-back launches) resident is faster for every few-row shape up to 64K: 1-8 x 64K
+//   14.7-15.6 us against 26.6-31.4 streamed, 64 x 32K 27.2 against 49.2, 1 x 16K 11.0 against 13.9, 1-64 x 4K-8K
+//   9.2-11.8 against 10.9-14.4 (at 512 rows streamed 21.5-81 us against 25-328);
+// - in the engine's decode step, where the top-k (one row per sequence, context bucket / 4 columns) runs on the
+//   side stream next to the main stream's kernels (likely the reason: its CTA of 512 threads x 64 registers takes
+//   half an SM's registers, the streaming kernel's a quarter, so it waits longer for room), streamed is faster at 4K and 32K columns (step 8.39 against
+//   8.62 ms at context 8,193, 8.65 against 8.74 at 65,537; run 77), resident at 64K, where the streaming kernel
+//   compacts its buffers (8.77 against 9.10 ms at context 131,073; run 78). Hence the 32K floor.
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
 bool use_resident(int64_t cols, int rows) {
@@ -64,7 +68,7 @@ bool use_resident(int64_t cols, int rows) {
   if (e && std::strcmp(e, "resident") == 0) return true;
   if (e && std::strcmp(e, "stream") == 0) return false;
   const int64_t ctas = static_cast<int64_t>(rows) * ((cols + kResidentTile - 1) / kResidentTile);
-  return cols > kResidentTile && ctas <= 2 * static_cast<int64_t>(device_config().sm_count);
+  return cols > 4 * kResidentTile && ctas <= 2 * static_cast<int64_t>(device_config().sm_count);
 }
 
 }  // namespace

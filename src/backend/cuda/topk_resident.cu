@@ -2,7 +2,7 @@
 // For a few rows of up to 64K entries (topk_rows picks it), where a row is one short latency chain.
 //
 // A row is served by a thread-block cluster of C <= 8 CTAs (C from the row length only). CTA c owns the
-// contiguous chunk [c*chunk, (c+1)*chunk) of at most 8192 elements (32 floats per thread) and loads it into
+// contiguous chunk [c*chunk, (c+1)*chunk) of at most 8192 elements (16 floats per thread) and loads it into
 // registers once: every pass below runs on registers, so the row is read from memory exactly once. CTAs
 // exchange small tables through distributed shared memory; the only synchronisation is the hardware cluster
 // barrier, so there is no spin loop, no global workspace and nothing to reset between graph replays.
@@ -12,8 +12,8 @@
 //      `need` = how many of P's members are still to take.
 //   B. Each CTA appends its members of P to a local buffer. After a barrier, when every local buffer fit and
 //      the total fits the gather buffer (the usual case: P holds a few hundred keys), every CTA copies all C
-//      buffers into its own shared memory and resolves the exact k-th key there with MSD radix rounds of 8
-//      bits, starting at the highest bit in which the candidates differ (no further cluster traffic).
+//      buffers into its own shared memory and resolves the exact k-th key there with MSD radix rounds of 11
+//      and 10 bits (no further cluster traffic).
 //      Exact fallback otherwise: cluster-wide radix rounds, each CTA counting its own chunk's members of P,
 //      per-round 256-bin histograms exchanged through distributed shared memory. No candidate is ever dropped;
 //      the buffer sizes only decide which path runs.
@@ -30,36 +30,45 @@
 namespace dsv4::cuda::topk_detail {
 namespace {
 
-constexpr int kVec = 8;                          // float4 per thread (32 values in registers)
 constexpr int kTile = kResidentTile;             // 8192 elements per CTA
-static_assert(kTile == 4 * kVec * kThreads, "one register tile per CTA");
-constexpr int kDigitBins = 256;                  // 8-bit radix rounds (== kThreads: one bin per thread)
+constexpr int kDigitBins = 256;                  // 8-bit radix rounds (at most one bin per thread)
 constexpr int kLocalCap = 2048;                  // pivot-bin keys a CTA may publish (8 KB)
 constexpr int kCap = 6144;                       // pivot-bin keys gathered from the whole cluster (24 KB)
-static_assert(kDigitBins == kThreads, "one digit bin per thread");
-static_assert(kVec * kThreads <= kCap, "emission offsets reuse the gather buffer");
+
+// The CTA: 512 threads hold the 8192-element tile as 4 float4 each, two CTAs per SM (64 registers). Measured on
+// the H200 (run 75 in docs/PERFORMANCE.md) against CTAs of 256 threads (32 values each, the earlier shape) and
+// 1024: 512 was the fastest or within 0.3 us everywhere (1 x 64K 14.7 us against 20.3 and 15.1): more warps hide
+// the chain's latencies, and fewer values per thread shrink the fully unrolled code (instruction-cache misses
+// were 31% of the stall samples with 256 threads).
+constexpr int kRThreads = 512;
+constexpr int kRWarps = kRThreads / 32;
+constexpr int kVec = kTile / (4 * kRThreads);        // float4 per thread
+constexpr int kBinsPerThread = kBins / kRThreads;    // coarse bins per thread in the pivot scans
+using RScan = cub::BlockScan<int, kRThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+static_assert(kTile == 4 * kVec * kRThreads && kDigitBins <= kRThreads, "one register tile per CTA");
+static_assert(kVec * kRThreads <= kCap, "emission offsets reuse the gather buffer");
+static_assert(kBinsPerThread == 4, "the coarse scan reads one int4 per CTA");
 
 struct Shared {
   int hist[kBins];             // coarse histogram (read by the other CTAs), later digit histograms
   uint32_t lcand[kLocalCap];   // this CTA's pivot-bin keys (read by the other CTAs)
   uint32_t gcand[kCap];        // every CTA's pivot-bin keys, in rank order
-  int wsum[kWarps][kVec];      // emission: per-warp totals of each float4 slot, (gt << 16) | eq
-  typename ScanInt::TempStorage scan;
+  int wsum[kRWarps][kVec];     // emission: per-warp totals of each float4 slot, (gt << 16) | eq
+  typename RScan::TempStorage scan;
   int n_local;                 // this CTA's pivot-bin population (may exceed kLocalCap)
   int nl[kMaxCluster];         // every CTA's n_local
   unsigned long long tot;      // this CTA's (gt << 32) | eq after the threshold is known
   int pivot, above, pcnt;      // result of a pivot search
-  unsigned or_all, and_all;
 };
 
-// Tile layout: float4 slot u of thread t covers elements tb + 4 (u * kThreads + t) + 0..3, so every load
+// Tile layout: float4 slot u of thread t covers elements tb + 4 (u * kRThreads + t) + 0..3, so every load
 // instruction is coalesced; the element order is (u, t, e) lexicographic, which the emission scan follows.
 __device__ __forceinline__ void load_tile(const float* __restrict__ row, bool aligned, int tb, int ce,
                                           uint32_t (&v)[4 * kVec]) {
   const int tid = threadIdx.x;
 #pragma unroll
   for (int u = 0; u < kVec; ++u) {
-    const int j = tb + 4 * (u * kThreads + tid);
+    const int j = tb + 4 * (u * kRThreads + tid);
     if (aligned && j + 3 < ce) {
       const float4 f = __ldg(reinterpret_cast<const float4*>(row + j));
       v[4 * u] = to_key(f.x); v[4 * u + 1] = to_key(f.y); v[4 * u + 2] = to_key(f.z); v[4 * u + 3] = to_key(f.w);
@@ -70,23 +79,30 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ row, bool al
   }
 }
 
-// Picks, over nb <= 256 bins whose counts are given one per thread (thread t holds bin nb-1-t, i.e. the scan
-// runs from the top bin down), the bin b with above(b) < need <= above(b) + count(b). Requires
-// 1 <= need <= total. Result in s.pivot / s.above / s.pcnt, visible to all threads on return.
-__device__ void select_digit(Shared& s, int c, int need, int nb) {
-  const int tid = threadIdx.x;
-  if (tid >= nb) c = 0;
-  int ex;
-  ScanInt(s.scan).ExclusiveSum(c, ex);
-  if (tid < nb && ex < need && ex + c >= need) {
-    s.pivot = nb - 1 - tid;
-    s.above = ex;
-    s.pcnt = c;
-  }
-  __syncthreads();
+// Bin b of an nb-bin histogram held by thread t as its count i: b = nb - 1 - (B t + i), B = kBinsPerThread, so
+// the scan runs from the top bin down (b < 0: no bin, count 0).
+__device__ __forceinline__ int bin_of(int i, int nb) {
+  return nb - 1 - (kBinsPerThread * static_cast<int>(threadIdx.x) + i);
 }
 
-__global__ void __launch_bounds__(kThreads, 2)
+// Picks, over the bins whose counts the threads hold as bin_of lays out, the bin b with above(b) < need <=
+// above(b) + count(b) (none when the total is below need). Result in s.pivot / s.above / s.pcnt, visible to all
+// threads on return; returns the total.
+__device__ int find_pivot(Shared& s, int (&c)[kBinsPerThread], int nb, int need) {
+  int ex[kBinsPerThread], total;
+  RScan(s.scan).ExclusiveSum(c, ex, total);
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i)
+    if (ex[i] < need && ex[i] + c[i] >= need) {
+      s.pivot = bin_of(i, nb);
+      s.above = ex[i];
+      s.pcnt = c[i];
+    }
+  __syncthreads();
+  return total;
+}
+
+__global__ void __launch_bounds__(kRThreads, 2)
     topk_resident_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
                          const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
@@ -107,12 +123,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = 0; i < 4 * kVec; ++i) f(v[i]);
   };
 
-  for (int i = tid; i < kBins; i += kThreads) s.hist[i] = 0;
-  if (tid == 0) {
-    s.n_local = 0;
-    s.or_all = 0u;
-    s.and_all = 0xffffffffu;
-  }
+  for (int i = tid; i < kBins; i += kRThreads) s.hist[i] = 0;
+  if (tid == 0) s.n_local = 0;
   __syncthreads();
 
   // Defaults: select every valid element (used when the row has at most k valid entries).
@@ -128,27 +140,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   int cnt[kBinsPerThread];
 #pragma unroll
   for (int i = 0; i < kBinsPerThread; ++i) cnt[i] = 0;
-  // Thread t holds bins kBins-1-(8t+i): the scan below runs from the top bin down.
+  // Thread t holds bins bin_of(i) = kBins-1-(4t+i): one int4 from every CTA.
   for (int q = 0; q < C; ++q) {
-    const int* h = cluster.map_shared_rank(s.hist, q);
-    const int4 a = *reinterpret_cast<const int4*>(h + kBins - kBinsPerThread * (tid + 1));
-    const int4 b = *reinterpret_cast<const int4*>(h + kBins - kBinsPerThread * (tid + 1) + 4);
-    cnt[0] += b.w; cnt[1] += b.z; cnt[2] += b.y; cnt[3] += b.x;
-    cnt[4] += a.w; cnt[5] += a.z; cnt[6] += a.y; cnt[7] += a.x;
+    const int4 a = *reinterpret_cast<const int4*>(cluster.map_shared_rank(s.hist, q) + bin_of(3, kBins));
+    cnt[0] += a.w; cnt[1] += a.z; cnt[2] += a.y; cnt[3] += a.x;
   }
-  int n_valid;
-  {
-    int ex[kBinsPerThread];
-    ScanInt(s.scan).ExclusiveSum(cnt, ex, n_valid);
-#pragma unroll
-    for (int i = 0; i < kBinsPerThread; ++i)
-      if (ex[i] < k && ex[i] + cnt[i] >= k) {
-        s.pivot = kBins - 1 - (kBinsPerThread * tid + i);
-        s.above = ex[i];
-        s.pcnt = cnt[i];
-      }
-  }
-  __syncthreads();
+  const int n_valid = find_pivot(s, cnt, kBins, k);
   const bool select = n_valid > k;  // identical in every CTA of the cluster
   int need = 0;
   if (select) {
@@ -181,66 +178,52 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     fits = fits && total <= kCap;
     if (fits) {
-      // Fast path: gather every CTA's candidates, then resolve the threshold locally.
+      // Fast path: gather every CTA's candidates, then resolve the threshold locally in radix rounds of 11 and
+      // 10 bits (the 21 bits below the coarse bin). s.hist is free since S2; each thread zeroes the bins it
+      // reads in the scans below, before the barrier, so every round finds its bins zeroed.
       int off = 0;
       for (int q = 0; q < C; ++q) {
         const uint32_t* src = cluster.map_shared_rank(s.lcand, q);
-        for (int i = tid; i < s.nl[q]; i += kThreads) s.gcand[off + i] = src[i];
+        for (int i = tid; i < s.nl[q]; i += kRThreads) s.gcand[off + i] = src[i];
         off += s.nl[q];
       }
-      __syncthreads();
-      // Bits shared by every candidate need no radix round: start at the highest differing bit.
-      unsigned o = 0u, a = 0xffffffffu;
-      for (int i = tid; i < total; i += kThreads) {
-        o |= s.gcand[i];
-        a &= s.gcand[i];
-      }
 #pragma unroll
-      for (int d = 16; d > 0; d >>= 1) {
-        o |= __shfl_xor_sync(0xffffffffu, o, d);
-        a &= __shfl_xor_sync(0xffffffffu, a, d);
-      }
-      if (lane == 0) {
-        atomicOr(&s.or_all, o);
-        atomicAnd(&s.and_all, a);
-      }
+      for (int i = 0; i < kBinsPerThread; ++i) s.hist[bin_of(i, kBins)] = 0;
       __syncthreads();
-      const uint32_t diff = s.or_all ^ s.and_all;
-      if (diff == 0) {  // every candidate has the same key
-        thresh = s.and_all;
-        ties = need;
-      } else {
-        int rem = 32 - __clz(diff);  // bits still to resolve: [0, rem)
-        uint64_t prefix = static_cast<uint64_t>(s.and_all) >> rem;
-        while (true) {
-          const int w = min(8, rem), shift = rem - w;
-          s.hist[tid] = 0;
-          __syncthreads();
-          for (int i = tid; i < total; i += kThreads) {
-            const uint32_t key = s.gcand[i];
-            if ((static_cast<uint64_t>(key) >> rem) == prefix) atomicAdd(&s.hist[(key >> shift) & ((1u << w) - 1u)], 1);
-          }
-          __syncthreads();
-          const int nb = 1 << w;
-          select_digit(s, tid < nb ? s.hist[nb - 1 - tid] : 0, need, nb);
-          const int digit = s.pivot, dcnt = s.pcnt;
-          need -= s.above;
-          prefix = (prefix << w) | static_cast<uint64_t>(digit);
-          rem = shift;
-          if (dcnt == need) {
-            // Every candidate with this prefix is taken: threshold just below the prefix's range.
-            const uint32_t lo = static_cast<uint32_t>(prefix << shift);
-            thresh = lo == 0 ? 0u : lo - 1u;  // key 0 (invalid) is never selected anyway
-            ties = 0;
-            break;
-          }
-          if (shift == 0) {
-            thresh = static_cast<uint32_t>(prefix);  // the exact k-th key
-            ties = need;                             // how many keys equal to it to take, lowest index first
-            break;
-          }
-          __syncthreads();  // s.pivot / s.hist are rewritten by the next round
+      uint32_t prefix = static_cast<uint32_t>(pivot);
+      int rem = kBinShift;  // bits still to resolve: [0, rem)
+      while (true) {
+        const int w = min(11, rem), shift = rem - w, nb = 1 << w;
+        for (int i = tid; i < total; i += kRThreads) {
+          const uint32_t key = s.gcand[i];
+          if ((key >> rem) == prefix) atomicAdd(&s.hist[(key >> shift) & (nb - 1)], 1);
         }
+        __syncthreads();
+        int c[kBinsPerThread];
+#pragma unroll
+        for (int i = 0; i < kBinsPerThread; ++i) {
+          const int b = bin_of(i, nb);
+          c[i] = b >= 0 ? s.hist[b] : 0;
+          if (b >= 0) s.hist[b] = 0;  // only this thread reads bin b (before the next round's barrier)
+        }
+        find_pivot(s, c, nb, need);
+        const int digit = s.pivot, dcnt = s.pcnt;
+        need -= s.above;
+        prefix = (prefix << w) | static_cast<uint32_t>(digit);
+        rem = shift;
+        if (dcnt == need) {
+          // Every candidate with this prefix is taken: threshold just below the prefix's range.
+          const uint32_t lo = prefix << shift;
+          thresh = lo == 0 ? 0u : lo - 1u;  // key 0 (invalid) is never selected anyway
+          ties = 0;
+          break;
+        }
+        if (shift == 0) {
+          thresh = prefix;  // the exact k-th key
+          ties = need;      // how many keys equal to it to take, lowest index first
+          break;
+        }
+        // s.pivot is rewritten after the next round's scan barrier, which every thread reaches after reading it.
       }
     } else {
       // Exact fallback: cluster-wide rounds over the chunks themselves, up to 8 of the remaining 21 key bits
@@ -251,17 +234,22 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int round = 0;; ++round) {
         const int w = min(8, rem), shift = rem - w;
         int* buf = s.hist + kDigitBins * (round & 1);
-        buf[tid] = 0;
+        if (tid < kDigitBins) buf[tid] = 0;
         __syncthreads();
         for_each([&](uint32_t key) {
           if (key && (key >> rem) == prefix) atomicAdd(&buf[(key >> shift) & ((1u << w) - 1u)], 1);
         });
         cluster.sync();
         const int nb = 1 << w;
-        int c = 0;
-        if (tid < nb)
-          for (int q = 0; q < C; ++q) c += cluster.map_shared_rank(buf, q)[nb - 1 - tid];
-        select_digit(s, c, need, nb);
+        int c[kBinsPerThread];
+#pragma unroll
+        for (int i = 0; i < kBinsPerThread; ++i) {
+          const int b = bin_of(i, nb);
+          c[i] = 0;
+          if (b >= 0)
+            for (int q = 0; q < C; ++q) c[i] += cluster.map_shared_rank(buf, q)[b];
+        }
+        find_pivot(s, c, nb, need);
         const int digit = s.pivot, dcnt = s.pcnt;
         need -= s.above;
         prefix = (prefix << w) | static_cast<uint32_t>(digit);
@@ -288,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   unsigned gtm = 0u, eqm = 0u;  // bit 4u+e: element (u, e) of this thread is greater / equal
   // Each slot's exclusive offset lives in the (by now unused) gather buffer rather than in registers: the
   // register-resident tile already takes 32 of the 128 registers, and sm_120a spilled with off[] in registers.
-  uint32_t* off = s.gcand;  // [kVec][kThreads], each thread touches only its own entries
+  uint32_t* off = s.gcand;  // [kVec][kRThreads], each thread touches only its own entries
   auto classify_tile = [&]() {
     gtm = 0u;
     eqm = 0u;
@@ -312,20 +300,22 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (lane >= d) x += y;
       }
       if (lane == 31) s.wsum[warp][u] = x;
-      off[u * kThreads + tid] = x - c;
+      off[u * kRThreads + tid] = x - c;
     }
     __syncthreads();
     int run = 0;
 #pragma unroll
     for (int u = 0; u < kVec; ++u) {
-      int col = 0, below = 0;
+      // Lanes 0..kRWarps-1: inclusive scan of the slot's warp totals; col = the slot's total.
+      int x = lane < kRWarps ? s.wsum[lane][u] : 0;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const int x = s.wsum[w][u];
-        col += x;
-        below += w < warp ? x : 0;
+      for (int d = 1; d < kRWarps; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
       }
-      off[u * kThreads + tid] += run + below;
+      const int col = __shfl_sync(0xffffffffu, x, kRWarps - 1);
+      const int below = warp ? __shfl_sync(0xffffffffu, x, (warp + kRWarps - 1) % kRWarps) : 0;
+      off[u * kRThreads + tid] += run + below;
       run += col;
     }
     __syncthreads();  // s.wsum is rewritten by the next tile
@@ -346,13 +336,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (!(gtm | eqm)) return;
 #pragma unroll
     for (int u = 0; u < kVec; ++u) {
-      const uint32_t o = off[u * kThreads + tid];
+      const uint32_t o = off[u * kRThreads + tid];
       int gb = static_cast<int>(base >> 32) + static_cast<int>(o >> 16);
       int eb = static_cast<int>(base & 0xffffffffu) + static_cast<int>(o & 0xffffu);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool g = (gtm >> (4 * u + e)) & 1u, q = (eqm >> (4 * u + e)) & 1u;
-        if (g || (q && eb < ties)) orow[gb + min(eb, ties)] = tb + 4 * (u * kThreads + tid) + e;
+        if (g || (q && eb < ties)) orow[gb + min(eb, ties)] = tb + 4 * (u * kRThreads + tid) + e;
         gb += g;
         eb += q;
       }
@@ -361,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   emit_tile(cb, before);
   if (rank == 0) {
     const int written = static_cast<int>(all >> 32) + min(static_cast<int>(all & 0xffffffffu), ties);
-    for (int i = written + tid; i < k; i += kThreads) orow[i] = -1;
+    for (int i = written + tid; i < k; i += kRThreads) orow[i] = -1;
   }
   cluster.sync();  // S4: no CTA leaves while another may still read its shared memory
 }
@@ -371,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
                                  int rows, int k, int32_t* out, cudaStream_t stream) {
   const int C = std::max(1, (cols + kTile - 1) / kTile);  // <= kMaxCluster: the caller's contract
-  return launch_cluster(topk_resident_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kThreads), 0, stream,
+  return launch_cluster(topk_resident_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kRThreads), 0, stream,
                         static_cast<unsigned>(C), scores, row_stride, cols, lengths, k, out);
 }
 
