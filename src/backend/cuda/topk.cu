@@ -55,11 +55,13 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
 // - alone (bench, back-to-back launches) resident is faster for every few-row shape up to 64K: 1-8 x 64K
 //   14.7-15.6 us against 26.6-31.4 streamed, 64 x 32K 27.2 against 49.2, 1 x 16K 11.0 against 13.9, 1-64 x 4K-8K
 //   9.2-11.8 against 10.9-14.4 (at 512 rows streamed 21.5-81 us against 25-328);
-// - in the engine's decode step, where the top-k (one row per sequence, context bucket / 4 columns) runs on the
-//   side stream next to the main stream's kernels (likely the reason: its CTA of 512 threads x 64 registers takes
-//   half an SM's registers, the streaming kernel's a quarter, so it waits longer for room), streamed is faster at 4K and 32K columns (step 8.39 against
-//   8.62 ms at context 8,193, 8.65 against 8.74 at 65,537; run 77), resident at 64K, where the streaming kernel
-//   compacts its buffers (8.77 against 9.10 ms at context 131,073; run 78). Hence the 32K floor.
+// - in the engine's decode step (the indexer's top-k: one row per sequence, context bucket / 4 columns, about half
+//   of them valid, on the side stream next to the main stream's kernels) streamed is faster at 4K and 32K columns:
+//   step 8.39 against 8.62 ms at context 8,193 and 8.65 against 8.74 at 65,537 (run 77), resident at 64K: 8.77
+//   against 9.10 ms at context 131,073 (run 78). Why the
+//   engine reverses the isolated result is not known: without PDL the gap shrinks (run 77), and a resident
+//   variant of 256 threads x 4K elements, with the streaming kernel's register footprint, lost as well (run 79).
+//   Hence the 32K floor, set by the engine.
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
 bool use_resident(int64_t cols, int rows) {
