@@ -30,7 +30,8 @@ for run in $(seq 1 "${TOPK_TESTS:-2}"); do
 done
 bench=$(find build-gpu-topk -name bench_cuda_kernels -type f -perm -u+x | head -1)
 if [ "${TOPK_BENCH:-1}" != 0 ]; then
-  timeout 120 "$bench" --topk > "$RES/bench.csv" 2> "$RES/bench.err" || { echo "bench failed"; tail "$RES/bench.err"; status=1; }
+  timeout 120 "$bench" --topk > "$RES/bench.csv" 2> "$RES/bench.err" ||
+    { echo "bench failed"; tail "$RES/bench.err"; status=1; }
   stamp "bench done"
   timeout 120 python3 bench/cuda/torch_topk_peer.py > "$RES/torch_topk.csv" 2> "$RES/torch.err" || tail "$RES/torch.err"
   stamp "torch done"
@@ -45,9 +46,10 @@ if [ -n "$NCU" ] && [ "$SHAPES" != none ]; then
       tag="${shape//,/_}${TOPK_NCU_KERNELS:+_$kern}"
       if [ -n "${TOPK_SASS:-}" ]; then
         # Per-instruction executed counts and stall samples, exported as CSV (sass_$tag.csv).
-        timeout 90 "$NCU" -k "regex:$kern" --launch-skip 3 --launch-count 1 --warp-sampling-interval "${TOPK_SAMPLING:-auto}" --section SourceCounters \
-          --section WarpStateStats --section InstructionStats --section SpeedOfLight --section LaunchStats \
-          --section Occupancy --import-source no -f -o "$RES/p_$tag" "$bench" --topk-case="$shape" \
+        timeout 90 "$NCU" -k "regex:$kern" --launch-skip 3 --launch-count 1 \
+          --warp-sampling-interval "${TOPK_SAMPLING:-auto}" --section SourceCounters --section WarpStateStats \
+          --section InstructionStats --section SpeedOfLight --section LaunchStats --section Occupancy --import-source no \
+          -f -o "$RES/p_$tag" "$bench" --topk-case="$shape" \
           > "$RES/ncu_$tag.txt" 2>&1
         "$NCU" -i "$RES/p_$tag.ncu-rep" --page details >> "$RES/ncu_$tag.txt" 2>&1
         "$NCU" -i "$RES/p_$tag.ncu-rep" --page source --csv --print-source sass > "$RES/sass_$tag.csv" 2>&1
