@@ -102,6 +102,30 @@ __device__ int find_pivot(Shared& s, int (&c)[kBinsPerThread], int nb, int need)
   return total;
 }
 
+// After find_pivot over the w-bit digit below the top 32 - rem bits (`prefix`): appends the pivot digit to prefix,
+// takes the entries above it from `need`, and returns true with (thresh, ties) set once the selection is decided:
+// the pivot bucket taken whole (threshold just below its range) or the last digit (the exact k-th key, of which
+// `need` copies are taken, lowest index first).
+__device__ __forceinline__ bool take_digit(const Shared& s, int w, uint32_t& prefix, int& rem, int& need,
+                                           uint32_t& thresh, int& ties) {
+  const int shift = rem - w, dcnt = s.pcnt;
+  need -= s.above;
+  prefix = (prefix << w) | static_cast<uint32_t>(s.pivot);
+  rem = shift;
+  if (dcnt == need) {
+    const uint32_t lo = prefix << shift;
+    thresh = lo == 0 ? 0u : lo - 1u;  // key 0 (invalid) is never selected anyway
+    ties = 0;
+    return true;
+  }
+  if (shift == 0) {
+    thresh = prefix;
+    ties = need;
+    return true;
+  }
+  return false;
+}
+
 __global__ void __launch_bounds__(kRThreads, 2)
     topk_resident_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
                          const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
@@ -207,22 +231,7 @@ __global__ void __launch_bounds__(kRThreads, 2)
           if (b >= 0) s.hist[b] = 0;  // only this thread reads bin b (before the next round's barrier)
         }
         find_pivot(s, c, nb, need);
-        const int digit = s.pivot, dcnt = s.pcnt;
-        need -= s.above;
-        prefix = (prefix << w) | static_cast<uint32_t>(digit);
-        rem = shift;
-        if (dcnt == need) {
-          // Every candidate with this prefix is taken: threshold just below the prefix's range.
-          const uint32_t lo = prefix << shift;
-          thresh = lo == 0 ? 0u : lo - 1u;  // key 0 (invalid) is never selected anyway
-          ties = 0;
-          break;
-        }
-        if (shift == 0) {
-          thresh = prefix;  // the exact k-th key
-          ties = need;      // how many keys equal to it to take, lowest index first
-          break;
-        }
+        if (take_digit(s, w, prefix, rem, need, thresh, ties)) break;
         // s.pivot is rewritten after the next round's scan barrier, which every thread reaches after reading it.
       }
     } else {
@@ -250,21 +259,7 @@ __global__ void __launch_bounds__(kRThreads, 2)
             for (int q = 0; q < C; ++q) c[i] += cluster.map_shared_rank(buf, q)[b];
         }
         find_pivot(s, c, nb, need);
-        const int digit = s.pivot, dcnt = s.pcnt;
-        need -= s.above;
-        prefix = (prefix << w) | static_cast<uint32_t>(digit);
-        rem = shift;
-        if (dcnt == need) {
-          const uint32_t lo = prefix << shift;
-          thresh = lo == 0 ? 0u : lo - 1u;
-          ties = 0;
-          break;
-        }
-        if (shift == 0) {
-          thresh = prefix;
-          ties = need;
-          break;
-        }
+        if (take_digit(s, w, prefix, rem, need, thresh, ties)) break;
         __syncthreads();
       }
     }
