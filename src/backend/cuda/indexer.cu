@@ -435,6 +435,7 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
 template <IndexerKeyFormat F>
 void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t units_per_warp) {
   constexpr int smem = smem_bytes<F>();
+  static_assert(smem <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
   static const bool attr = [] {
     check(cudaFuncSetAttribute(indexer_stream_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
           "indexer smem attribute");

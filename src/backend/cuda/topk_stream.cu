@@ -42,6 +42,7 @@ struct StreamShared {
   int pivot, above, pcnt;
 };
 constexpr size_t kStreamSmem = sizeof(StreamShared);
+static_assert(kStreamSmem <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
 
 // Exclusive prefix sum of x over the block in thread order; `total` = the block's sum. One barrier: two
 // consecutive scans never use the same wsum row (`buf`), so a scan never overwrites totals another thread may
@@ -352,13 +353,21 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
                                int rows, int k, int32_t* out, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      topk_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStreamSmem));
+  // The shared-memory opt-in and the kernel's resident CTAs per SM (4 on sm_90, 1 on SM12x's ~100 KB), once.
+  static int per_sm = 0;
+  static const cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(topk_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kStreamSmem));
+    if (e == cudaSuccess)
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_stream_kernel, kThreads, kStreamSmem);
+    return e == cudaSuccess && per_sm < 1 ? cudaErrorInvalidConfiguration : e;
+  }();
   if (attr != cudaSuccess) return attr;
-  // CTAs per row from the shapes only (never from device data): about two CTAs per SM over all rows, at least
-  // two tiles per CTA, at most kMaxCluster. (16 CTAs per row, a non-portable cluster on sm_90, was slower:
-  // 40 against 26 us for one 64K row, run 62 in docs/PERFORMANCE.md.)
-  const int64_t want = (2 * static_cast<int64_t>(device_config().sm_count) + rows - 1) / rows;
+  // CTAs per row from the shapes only (never from device data): about two CTAs per SM (at most what is resident)
+  // over all rows, at least two tiles per CTA, at most kMaxCluster. (16 CTAs per row, a non-portable cluster on
+  // sm_90, was slower: 40 against 26 us for one 64K row, run 62 in docs/PERFORMANCE.md.)
+  const int64_t want =
+      (std::min(2, per_sm) * static_cast<int64_t>(device_config().sm_count) + rows - 1) / rows;
   const int C = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, cols / (2 * kSTile)), 1, kMaxCluster));
   return launch_cluster(topk_stream_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kThreads), kStreamSmem,
                         stream, static_cast<unsigned>(C), scores, row_stride, cols, lengths, k, out);

@@ -33,12 +33,14 @@ void launch_pdl_threads(void (*kernel)(KArgs...), dim3 grid, int threads, int sm
 int wave_blocks(int blocks_per_sm);
 
 // Resident blocks per SM of a kernel at `threads` threads and `smem` dynamic bytes (after opting in to > 48 KB).
+// Throws when the kernel cannot be resident at all (its launches would fail).
 template <typename K>
 int blocks_per_sm(K* kernel, int threads, int smem) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   int n = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), "occupancy");
-  return n > 1 ? n : 1;
+  if (n < 1) check_cuda(cudaErrorInvalidConfiguration, "occupancy: no block of this kernel fits an SM");
+  return n;
 }
 #endif
 

@@ -190,6 +190,7 @@ namespace {
 template <bool FP4, int NT, bool H16, int MW>
 struct Gemv2 {
   static int occupancy() {
+    static_assert(gemv2_smem<FP4, MW>() <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
     static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW>, MW * 32, gemv2_smem<FP4, MW>());
     return n;
   }

@@ -510,11 +510,13 @@ struct Moe2 {
   // Resident blocks per SM of each kernel (the lean ones exist for NT == 1 only).
   template <bool LEAN, int CLASS = kAllExperts>
   static int occ13() {
+    static_assert(moe2_ring_smem<2, MW, LEAN>() <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
     static const int n = blocks_per_sm(w13_v2_kernel<NT, H16, MW, LEAN, CLASS>, MW * 32, moe2_ring_smem<2, MW, LEAN>());
     return n;
   }
   template <bool LEAN, int CLASS = kAllExperts>
   static int occ2() {
+    static_assert(moe2_ring_smem<1, MW, LEAN>() <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
     static const int n = blocks_per_sm(w2_v2_kernel<NT, H16, MW, LEAN, CLASS>, MW * 32, moe2_ring_smem<1, MW, LEAN>());
     return n;
   }

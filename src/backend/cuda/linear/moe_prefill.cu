@@ -583,6 +583,10 @@ void set_moe_prefill_tile_n(int n) {
 
 void set_moe_prefill_kernel(int k) {
   if (k < 0 || k > 3) throw Error(str_cat("set_moe_prefill_kernel: ", k, " not 0 (the default), 1, 2 or 3"));
+  // Refused here, when it is set, rather than at every moe_prefill call.
+  if (k == 3 && !wgmma_supported())
+    throw Error(str_cat("set_moe_prefill_kernel: kernel 3 (wgmma) needs compute capability 9.0; this device is ",
+                        device_info().cc / 10, ".", device_info().cc % 10));
   g_kernel = k;
 }
 
