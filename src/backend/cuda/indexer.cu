@@ -431,18 +431,28 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
   }
 }
 
-// Launches indexer_stream_kernel<F>, opting in to its dynamic shared memory once per process.
+// indexer_stream_kernel<F>'s resident CTAs per SM (4 on sm_90; fewer on SM12x's ~100 KB of shared memory), after
+// opting in to its dynamic shared memory; once per process.
 template <IndexerKeyFormat F>
-void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t units_per_warp) {
+int stream_ctas_per_sm() {
   constexpr int smem = smem_bytes<F>();
   static_assert(smem <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
-  static const bool attr = [] {
+  static const int n = [] {
     check(cudaFuncSetAttribute(indexer_stream_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
           "indexer smem attribute");
-    return true;
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_stream_kernel<F>, kThreads, smem),
+          "indexer occupancy");
+    if (blocks < 1) fail("cuda::indexer_scores_fp8: the streaming kernel does not fit an SM of this device");
+    return blocks;
   }();
-  (void)attr;
-  check(launch(indexer_stream_kernel<F>, grid, dim3(kThreads), smem, stream, a, units_per_warp),
+  return n;
+}
+
+template <IndexerKeyFormat F>
+void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t units_per_warp) {
+  stream_ctas_per_sm<F>();  // the opt-in
+  check(launch(indexer_stream_kernel<F>, grid, dim3(kThreads), smem_bytes<F>(), stream, a, units_per_warp),
         "indexer_stream_kernel launch");
 }
 
@@ -478,11 +488,14 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
     check(launch(indexer_fp8_kernel, dim3(static_cast<unsigned>(per_query), a.n_queries), dim3(kThreads), 0, stream, a), "indexer_fp8_kernel launch");
     return;
   }
-  // One wave of 4 CTAs per SM over all queries when possible, but at least kMinUnits units (of 32 keys) per
-  // warp so the per-CTA q setup (32 KB read, 64 x 128 conversions) stays small against the keys it serves.
+  // One wave of 4 CTAs per SM (at most what is resident: 1-2 on SM12x) over all queries when possible, but at
+  // least kMinUnits units (of 32 keys) per warp so the per-CTA q setup (32 KB read, 64 x 128 conversions) stays
+  // small against the keys it serves.
   constexpr int64_t kMinUnits = 2;
   const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
-  int64_t per_query = (4LL * dev.sm_count + a.n_queries - 1) / a.n_queries;
+  const int per_sm =
+      std::min(4, fp4 ? stream_ctas_per_sm<IndexerKeyFormat::kMXFP4>() : stream_ctas_per_sm<IndexerKeyFormat::kFP8>());
+  int64_t per_query = (static_cast<int64_t>(per_sm) * dev.sm_count + a.n_queries - 1) / a.n_queries;
   per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, (n_units + kWarps * kMinUnits - 1) / (kWarps * kMinUnits)));
   const int64_t units_per_warp = (n_units + per_query * kWarps - 1) / (per_query * kWarps);
   per_query = (n_units + units_per_warp * kWarps - 1) / (units_per_warp * kWarps);
