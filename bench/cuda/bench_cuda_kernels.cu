@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
         const double us = time_us([&](int) {
           CK(cuda::launch_cluster(empty_cluster_kernel, dim3(rows * C), dim3(256), 0, nullptr, C));
         });
-        const std::string name = "empty kernel (PDL wait only) rows=" + std::to_string(rows) + " C=" + std::to_string(C);
+        const std::string name =
+            "empty kernel (PDL wait only) rows=" + std::to_string(rows) + " C=" + std::to_string(C);
         line("launch", name, us, 0, 0, "us", us);
       }
   // "narrow": scores 10 + 0.01 x normal, so two coarse bins (sign, exponent, 2 mantissa bits: [8, 10), [10, 12))

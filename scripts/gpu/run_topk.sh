@@ -48,8 +48,8 @@ if [ -n "$NCU" ] && [ "$SHAPES" != none ]; then
         # Per-instruction executed counts and stall samples, exported as CSV (sass_$tag.csv).
         timeout 90 "$NCU" -k "regex:$kern" --launch-skip 3 --launch-count 1 \
           --warp-sampling-interval "${TOPK_SAMPLING:-auto}" --section SourceCounters --section WarpStateStats \
-          --section InstructionStats --section SpeedOfLight --section LaunchStats --section Occupancy --import-source no \
-          -f -o "$RES/p_$tag" "$bench" --topk-case="$shape" \
+          --section InstructionStats --section SpeedOfLight --section LaunchStats --section Occupancy \
+          --import-source no -f -o "$RES/p_$tag" "$bench" --topk-case="$shape" \
           > "$RES/ncu_$tag.txt" 2>&1
         "$NCU" -i "$RES/p_$tag.ncu-rep" --page details >> "$RES/ncu_$tag.txt" 2>&1
         "$NCU" -i "$RES/p_$tag.ncu-rep" --page source --csv --print-source sass > "$RES/sass_$tag.csv" 2>&1

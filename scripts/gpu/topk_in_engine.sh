@@ -24,15 +24,16 @@ for k in default stream resident; do
   envk=()
   [ "$k" != default ] && envk=(DSV4_TOPK_KERNEL=$k)
   if [ -n "$NCU" ]; then
-    timeout 300 env "${envk[@]}" "$NCU" -k regex:topk_ --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size \
-      --csv --page raw "$F" "${A[@]}" > "$RES/ncu_topk_$k.csv" 2> "$RES/ncu_topk_$k.err"
+    timeout 300 env "${envk[@]}" "$NCU" -k regex:topk_ \
+      --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size --csv --page raw "$F" "${A[@]}" \
+      > "$RES/ncu_topk_$k.csv" 2> "$RES/ncu_topk_$k.err"
     echo "ncu $k rc=$?"
   fi
   if [ -n "$NSYS" ]; then
     timeout 200 env "${envk[@]}" "$NSYS" profile --cuda-graph-trace=node --force-overwrite true -o "$RES/trace_$k" \
       "$F" "${A[@]}" > "$RES/nsys_$k.log" 2>&1 &&
-      "$NSYS" stats --report cuda_gpu_trace --format csv --force-export true -o "$RES/trace_$k" "$RES/trace_$k.nsys-rep" \
-        >> "$RES/nsys_$k.log" 2>&1
+      "$NSYS" stats --report cuda_gpu_trace --format csv --force-export true -o "$RES/trace_$k" \
+        "$RES/trace_$k.nsys-rep" >> "$RES/nsys_$k.log" 2>&1
     echo "nsys $k rc=$?"
     rm -f "$RES/trace_$k.nsys-rep" "$RES/trace_$k.sqlite"
   fi
