@@ -8,27 +8,11 @@ RES=${OUT:-build-gpu-attn/out}
 BDIR=build-gpu-attn
 TARGETS="test_cuda_sparse_attention bench_cuda_kernels"
 source scripts/gpu/build_kernel_targets.sh
-status=0
 exe=$(find build-gpu-attn -name test_cuda_sparse_attention -type f -perm -u+x | head -1)
-timeout 110 "$exe" > "$RES/test.log" 2>&1
-rc=$?
-stamp "test rc=$rc"
-if [ $rc -ne 0 ]; then
-  status=1
-  echo "== test failures (first 60 lines)"
-  grep -E -A4 "Failure|FAILED|what\(\)|exception|error" "$RES/test.log" | head -60
-  tail -5 "$RES/test.log"
-fi
+run_test "$RES/test.log" 110 "test" "$exe"
 # The same tests with one 16-head tile per CTA forced (DSV4_ATTN_HEAD_TILES=1; by default only 1-2 queries use it).
 # The test itself runs fp8 rows on every kernel of the device (DSV4_ATTN_KERNEL=mma, and wgmma on sm_90).
-DSV4_ATTN_HEAD_TILES=1 timeout 110 "$exe" > "$RES/test_t1.log" 2>&1
-rc1=$?
-stamp "test (head tiles 1) rc=$rc1"
-if [ $rc1 -ne 0 ]; then
-  status=1
-  echo "== test failures, head tiles 1 (first 40 lines)"
-  grep -E -A4 "Failure|FAILED|what\(\)|exception|error" "$RES/test_t1.log" | head -40
-fi
+run_test "$RES/test_t1.log" 110 "test (head tiles 1)" env DSV4_ATTN_HEAD_TILES=1 "$exe"
 bench=$(find build-gpu-attn -name bench_cuda_kernels -type f -perm -u+x | head -1)
 timeout 60 "$bench" --attn > "$RES/bench.csv" 2> "$RES/bench.err" || { echo "bench failed"; tail "$RES/bench.err"; status=1; }
 stamp "bench done"

@@ -13,21 +13,9 @@ RES=${OUT:-build-gpu-topk/out}
 BDIR=build-gpu-topk
 TARGETS="test_cuda_topk bench_cuda_kernels"
 source scripts/gpu/build_kernel_targets.sh
-status=0
 exe=$(find build-gpu-topk -name test_cuda_topk -type f -perm -u+x | head -1)
 # Two fresh seeds (each log prints its DSV4_TEST_SEED); every case runs on each kernel (DSV4_TOPK_KERNEL).
-for run in $(seq 1 "${TOPK_TESTS:-2}"); do
-  log="$RES/test_$run.log"
-  timeout 200 "$exe" > "$log" 2>&1
-  rc=$?
-  stamp "test run $run rc=$rc"
-  if [ $rc -ne 0 ]; then
-    status=1
-    echo "== test failures (first 40 lines)"
-    grep -E -A4 "Failure|FAILED|what\(\)|exception|error" "$log" | head -40
-    tail -5 "$log"
-  fi
-done
+for run in $(seq 1 "${TOPK_TESTS:-2}"); do run_test "$RES/test_$run.log" 200 "test run $run" "$exe"; done
 bench=$(find build-gpu-topk -name bench_cuda_kernels -type f -perm -u+x | head -1)
 if [ "${TOPK_BENCH:-1}" != 0 ]; then
   timeout 120 "$bench" --topk > "$RES/bench.csv" 2> "$RES/bench.err" ||
