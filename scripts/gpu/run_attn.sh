@@ -44,6 +44,6 @@ grep -E "Duration|Throughput|Occupancy|Registers Per|Warp Cycles Per Issued|Issu
   sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active\.ratio//; s/  +/ /g' | head -45
 echo "== $(cat "$RES/gpu.txt")"
 cat "$RES/table.md"
-echo "== tests: $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED|^\[       OK|FAILED  \]' "$RES/test.log" | tr '\n' ' ') rc=$rc"
-echo "== tests (head tiles 1): $(grep -E '^\[  PASSED|^\[  FAILED|FAILED  \]' "$RES/test_t1.log" | tr '\n' ' ') rc=$rc1"
+echo "== tests: $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED|^\[       OK|FAILED  \]' "$RES/test.log" | tr '\n' ' ')"
+echo "== tests (head tiles 1): $(grep -E '^\[  PASSED|^\[  FAILED|FAILED  \]' "$RES/test_t1.log" | tr '\n' ' ')"
 exit $status
