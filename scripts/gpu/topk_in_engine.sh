@@ -22,7 +22,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2>/dev/null | head -1)
 for k in default stream resident; do
   envk=()
-  [ "$k" != default ] && envk=(DSV4_TOPK_KERNEL=$k)
+  [ "$k" != default ] && envk=("DSV4_TOPK_KERNEL=$k")
   if [ -n "$NCU" ]; then
     timeout 300 env "${envk[@]}" "$NCU" -k regex:topk_ \
       --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size --csv --page raw "$F" "${A[@]}" \
