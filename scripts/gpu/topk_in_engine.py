@@ -63,3 +63,19 @@ for path in sorted(glob.glob(os.path.join(res, "trace_*_cuda_gpu_trace.csv"))):
             if e[0] < t[1] and e[1] > t[0] and e is not t:
                 print(f"    {e[2][:70]} stream {e[4]}: {(e[1] - e[0]) / 1e3:.2f} us, "
                       f"starts {(e[0] - t[0]) / 1e3:+.2f} us from the top-k")
+
+    # One whole decode step, from the second-to-last decode top-k to the last (one CSA layer per step): the step's
+    # kernels by total duration, so the trace also says where a batch-1 step's time goes.
+    if len(topk) >= 2:
+        t0, t1 = topk[-2][0], topk[-1][0]
+        step = [e for e in ev if t0 <= e[0] < t1]
+        by_name = {}
+        for e in step:
+            name = e[2].split("(")[0].split("<")[0].split("::")[-1][:48]
+            n, d = by_name.get(name, (0, 0.0))
+            by_name[name] = (n + 1, d + (e[1] - e[0]) / 1e3)
+        busy = sum(d for _, d in by_name.values())
+        print(f"nsys {choice:8s} one decode step: {(t1 - t0) / 1e3:.1f} us wall, {len(step)} kernels, "
+              f"{busy:.1f} us of kernel time; by kernel (count, us):")
+        for name, (n, d) in sorted(by_name.items(), key=lambda x: -x[1][1])[:30]:
+            print(f"    {d:8.1f} {n:4d}  {name}")
