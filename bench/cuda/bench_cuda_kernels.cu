@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
   // flops = 2 * 64 * 128 * visible keys. "exact_q" rows run the older kernel (q as bf16 hi + lo) for comparison.
   if (topk_only) return 0;
   if (!attn_only) {
-    auto indexer_decode = [&](int nq, int64_t n_keys, cuda::IndexerKeyFormat fmt, bool paged, bool exact) {
+    auto indexer_decode = [&](int nq, int64_t n_keys, cuda::IndexerKeyFormat fmt, bool paged, bool exact,
+                              bool f8q = false) {
       const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
       const int64_t rb = fp4 ? 68 : 136, bs = 64;
       const int64_t per_q = paged ? (n_keys + bs - 1) / bs * bs : n_keys;
@@ -210,7 +211,7 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
       cuda::IndexerArgs a;
       a.q = q; a.w = w; a.n_keys = n_keys; a.row_bytes = rb; a.scores = out; a.score_stride = n_keys; a.n_queries = nq;
-      a.format = fmt; a.exact_q = exact;
+      a.format = fmt; a.exact_q = exact; a.fp8_q = f8q;
       if (paged) { a.block_table = dtable; a.max_blocks = max_blocks; a.block_size = static_cast<int>(bs); }
       else a.key_offset = doffs;
       const double us = time_us([&](int i) {
@@ -220,7 +221,7 @@ int main(int argc, char** argv) {
       });
       const double bytes = double(nq) * n_keys * rb + 4.0 * nq * n_keys;
       const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
-      line(exact ? "indexer_decode_exact_q" : "indexer_decode",
+      line(exact ? "indexer_decode_exact_q" : f8q ? "indexer_decode_fp8_q" : "indexer_decode",
            "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + (fp4 ? " mxfp4" : " fp8") +
                (paged ? " paged64" : ""),
            us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
@@ -239,8 +240,16 @@ int main(int argc, char** argv) {
     indexer_decode(1, 65536, F::kFP8, false, true);
     indexer_decode(1, 262144, F::kFP8, false, true);
     indexer_decode(64, 65536, F::kFP8, false, true);
+    if (cuda::indexer_fp8_q_supported()) {  // the FP8 tensor-core kernel (q quantized to e4m3 per head)
+      for (int nq : {1, 8, 64})
+        for (int64_t n_keys : {int64_t(8192), int64_t(65536), int64_t(262144)}) {
+          if (quick && nq * n_keys > 8 * 65536) continue;
+          indexer_decode(nq, n_keys, F::kFP8, false, false, true);
+        }
+      indexer_decode(64, 65536, F::kFP8, true, false, true);
+    }
 
-    auto indexer_prefill = [&](cuda::IndexerKeyFormat fmt, bool exact) {
+    auto indexer_prefill = [&](cuda::IndexerKeyFormat fmt, bool exact, bool f8q = false) {
       const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
       const int nq = quick ? 512 : 4096;
       const int64_t n_keys = 16384, rb = fp4 ? 68 : 136;
@@ -262,10 +271,10 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(dvis, vis.data(), vis.size() * 4, cudaMemcpyHostToDevice));
       cuda::IndexerArgs a;
       a.q = q; a.w = w; a.keys = keys; a.n_keys = n_keys; a.row_bytes = rb; a.scores = out; a.score_stride = n_keys;
-      a.n_queries = nq; a.n_visible = dvis; a.format = fmt; a.exact_q = exact;
+      a.n_queries = nq; a.n_visible = dvis; a.format = fmt; a.exact_q = exact; a.fp8_q = f8q;
       const double us = time_us([&](int) { cuda::indexer_scores_fp8(a, nullptr); }, 10, 2);
       const double flops = 2.0 * 64 * 128 * visible;
-      line(exact ? "indexer_prefill_exact_q" : "indexer_prefill",
+      line(exact ? "indexer_prefill_exact_q" : f8q ? "indexer_prefill_fp8_q" : "indexer_prefill",
            "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + " causal" + (fp4 ? " mxfp4" : " fp8"), us,
            0, flops, "TFLOP/s", flops / (us * 1e-6) / 1e12);
       CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(dvis));
@@ -273,6 +282,7 @@ int main(int argc, char** argv) {
     indexer_prefill(F::kFP8, false);
     indexer_prefill(F::kMXFP4, false);
     indexer_prefill(F::kFP8, true);
+    if (cuda::indexer_fp8_q_supported()) indexer_prefill(F::kFP8, false, true);
   }
   if (indexer_only) return 0;
 

@@ -28,6 +28,7 @@
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
 // --router-glue: GpuOptions::router_gemm off (steps of > 64 tokens keep the router's fp32 glue linear instead of
 //   cuBLAS in fp32).
+// --indexer-fp8-q: GpuOptions::indexer_fp8_q on (the CSA indexer's q in e4m3 on FP8 tensor cores; sm_90).
 // --moe-prefill-bf16: GpuOptions::moe_prefill_f16 off (steps of > 64 tokens run the routed experts in bf16).
 // --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
@@ -133,7 +134,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
-  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true;
+  bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   bool router_gemm = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--router-glue") router_gemm = false;
+    else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
     else if (a == "--moe-prefill-kernel") cudalin::set_moe_prefill_kernel(std::atoi(next().c_str()));
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
@@ -210,6 +212,7 @@ int main(int argc, char** argv) {
     o.kv_row_on_side = kv_side;
     o.router_gemm = router_gemm;
     o.moe_prefill_f16 = moe_prefill_f16;
+    o.indexer_fp8_q = indexer_fp8_q;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

@@ -8,7 +8,9 @@
 //   |got - want| <= 2^-10 * d^-0.5 * sum_h |w_h| sum_d |q_hd k_td| + 2^-23 * d^-0.5 * s_key(t) * sum_h |w_h| sum_d |q_hd|
 // (q rounded once to fp16 after a per-head power-of-two scale: 2^-11 relative per element, plus fp32 sums;
 // the second term covers MXFP4 blocks more than 23 binades below the row's largest). exact_q keeps the older
-// bound 1e-4 of the row's largest |score| (q carried as bf16 hi + lo).
+// bound 1e-4 of the row's largest |score| (q carried as bf16 hi + lo). fp8_q (the FP8 tensor-core kernel, sm_90)
+// is compared with the reference run on q quantized as the kernel does (cpu::act_quant_e4m3 per head, block 128),
+// bound 2^-10 * d^-0.5 * sum_h |w_h| sum_d |q8_hd k_td| (derived in src/backend/cuda/indexer_wgmma.cu).
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -36,11 +38,14 @@ struct Case {
   int block_size = 64;
   int64_t row_bytes = 0;  // 0: the format's natural row (136 / 68)
   bool exact_q = false;
+  bool fp8_q = false;
+  bool share_hint = false;  // IndexerArgs::queries_share_keys
   std::string name() const {
     return "n_q=" + std::to_string(n_q) + " n_keys=" + std::to_string(n_keys) + (causal ? " causal" : "") +
            (fmt == IndexerKeyFormat::kMXFP4 ? " mxfp4" : " fp8") +
            (mode == Mode::kOffset ? " offsets" : mode == Mode::kPaged ? " paged/" + std::to_string(block_size) : "") +
-           " rb=" + std::to_string(row_bytes) + (exact_q ? " exact_q" : "");
+           " rb=" + std::to_string(row_bytes) + (exact_q ? " exact_q" : "") + (fp8_q ? " fp8_q" : "") +
+           (share_hint ? " share_hint" : "");
   }
 };
 
@@ -50,6 +55,7 @@ struct Problem {
   int64_t rb = 0, stride = 0, max_blocks = 0;
   std::vector<uint8_t> pool;       // key rows
   std::vector<float> q, w;
+  std::vector<float> q8;           // fp8_q: q as the kernel quantizes it (e4m3 codes times 2^e), else q
   std::vector<int32_t> vis;
   std::vector<int64_t> offs;       // kOffset
   std::vector<int32_t> table;      // kPaged, [n_q, max_blocks]
@@ -68,7 +74,7 @@ struct Problem {
     cuda::IndexerArgs a;
     a.q = dq->get(); a.w = dw->get(); a.keys = dk->get(); a.n_keys = cs.n_keys; a.row_bytes = rb;
     a.n_visible = dvis->get(); a.scores = dout->get(); a.score_stride = stride; a.n_queries = cs.n_q;
-    a.format = cs.fmt; a.exact_q = cs.exact_q;
+    a.format = cs.fmt; a.exact_q = cs.exact_q; a.fp8_q = cs.fp8_q; a.queries_share_keys = cs.share_hint;
     if (cs.mode == Mode::kOffset) a.key_offset = doffs->get();
     if (cs.mode == Mode::kPaged) {
       a.block_table = dtable->get(); a.max_blocks = static_cast<int>(max_blocks); a.block_size = cs.block_size;
@@ -135,6 +141,12 @@ void make_problem(Problem& p, const Case& cs, std::mt19937_64& rng) {
   p.w.resize(size_t(cs.n_q) * H);
   for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = nd(rng) * (i / Dk % 5 == 0 ? 1e-3f : 1.f);  // unequal heads
   for (float& v : p.w) v = nd(rng) * 0.01f;
+  if (cs.n_q > 2) {  // adversarial heads for the per-head q scale: all zero (amax floor 1e-4) and huge
+    std::fill_n(p.q.begin() + size_t(1) * H * Dk + 7 * Dk, Dk, 0.f);
+    for (int d = 0; d < Dk; ++d) p.q[size_t(2) * H * Dk + 9 * Dk + d] *= 3e4f;
+  }
+  p.q8 = p.q;
+  if (cs.fp8_q) act_quant_e4m3(p.q.data(), int64_t(p.q.size()), Dk, p.q8.data());
   p.dk = std::make_unique<DeviceBuffer<uint8_t>>(p.pool.size());
   p.dq = std::make_unique<DeviceBuffer<float>>(p.q.size());
   p.dw = std::make_unique<DeviceBuffer<float>>(p.w.size());
@@ -171,7 +183,7 @@ void check_scores(const Problem& p, const std::string& label) {
     const int64_t vis = std::clamp<int64_t>(p.vis[s], 0, cs.n_keys);
     for (int64_t t = 0; t < vis; ++t)
       std::memcpy(rows.data() + t * p.rb, p.pool.data() + p.row_of(s, t) * p.rb, size_t(p.rb));
-    const float* qs = p.q.data() + size_t(s) * H * Dk;
+    const float* qs = p.q8.data() + size_t(s) * H * Dk;
     const float* ws = p.w.data() + size_t(s) * H;
     if (fp4) cpu::indexer_scores_mxfp4(qs, ws, H, Dk, rows.data(), cs.n_keys, p.rb, vis, want.data());
     else cpu::indexer_scores_fp8(qs, ws, H, Dk, rows.data(), cs.n_keys, p.rb, vis, want.data());
@@ -283,6 +295,28 @@ TEST(CudaIndexer, Mxfp4Keys) {
   run_case({.n_q = 3, .n_keys = 5000, .fmt = IndexerKeyFormat::kMXFP4, .row_bytes = 132}, seed + 2);
 }
 
+// The FP8 tensor-core kernel (sm_90): four queries per CTA for shared keys or with the hint (then in passes over
+// the distinct key offsets of a CTA's queries), one query per CTA otherwise; tile boundaries of 64 keys.
+TEST(CudaIndexer, Fp8QKernel) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::indexer_fp8_q_supported()) GTEST_SKIP() << "fp8_q needs compute capability 9.0";
+  const uint64_t seed = cuda_test::test_seed() + 80;
+  int i = 0;
+  run_case({.n_q = 1, .n_keys = 100000, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 64, .n_keys = 4096, .causal = true, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 301, .n_keys = 1000, .causal = true, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 8, .n_keys = 30000, .fp8_q = true}, seed + i++);
+  for (int64_t n : {1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 4097})
+    run_case({.n_q = 9, .n_keys = n, .causal = true, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 5, .n_keys = 3001, .causal = true, .mode = Mode::kOffset, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 13, .n_keys = 3001, .causal = true, .mode = Mode::kOffset, .fp8_q = true, .share_hint = true},
+           seed + i++);
+  run_case({.n_q = 3, .n_keys = 20000, .mode = Mode::kOffset, .row_bytes = 144, .fp8_q = true}, seed + i++);
+  for (int bs : {1, 16, 64})
+    run_case({.n_q = 5, .n_keys = 2500, .causal = true, .mode = Mode::kPaged, .block_size = bs, .fp8_q = true},
+             seed + i++);
+}
+
 TEST(CudaIndexer, ExactQKernel) {
   DSV4_REQUIRE_GPU();
   const uint64_t seed = cuda_test::test_seed() + 60;
@@ -296,8 +330,11 @@ TEST(CudaIndexer, ExactQKernel) {
 TEST(CudaIndexer, GraphReplayWithNewLengths) {
   DSV4_REQUIRE_GPU();
   std::mt19937_64 rng(cuda_test::test_seed() + 70);
-  for (IndexerKeyFormat fmt : {IndexerKeyFormat::kFP8, IndexerKeyFormat::kMXFP4}) {
-    const Case cs{.n_q = 4, .n_keys = 3000, .causal = true, .fmt = fmt, .mode = Mode::kPaged, .block_size = 64};
+  for (int variant = 0; variant < 3; ++variant) {
+    if (variant == 2 && !cuda::indexer_fp8_q_supported()) continue;
+    const IndexerKeyFormat fmt = variant == 1 ? IndexerKeyFormat::kMXFP4 : IndexerKeyFormat::kFP8;
+    const Case cs{.n_q = 4, .n_keys = 3000, .causal = true, .fmt = fmt, .mode = Mode::kPaged, .block_size = 64,
+                  .fp8_q = variant == 2};
     SCOPED_TRACE(cs.name());
     Problem p;
     make_problem(p, cs, rng);
@@ -346,6 +383,9 @@ TEST(CudaIndexer, UnsupportedShapeFailsLoudly) {
   EXPECT_THROW(cuda::indexer_scores_fp8(a, nullptr), Error);
   a.row_bytes = 68;
   a.exact_q = true;
+  EXPECT_THROW(cuda::indexer_scores_fp8(a, nullptr), Error);
+  a.exact_q = false;
+  a.fp8_q = true;  // FP8 q needs FP8 keys
   EXPECT_THROW(cuda::indexer_scores_fp8(a, nullptr), Error);
 }
 

@@ -21,6 +21,8 @@
 #include <algorithm>
 
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/indexer_common.cuh"
+#include "backend/cuda/indexer_wgmma.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ptx.cuh"
 #include "core/error.h"
@@ -28,6 +30,8 @@
 namespace dsv4::cuda {
 namespace {
 using namespace ptx;
+using idx::cp_async;
+using idx::key_row;
 
 constexpr int kH = kIndexerHeads;  // 64
 constexpr int kD = kIndexerDim;    // 128
@@ -43,19 +47,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
   const __nv_bfloat162 b = __float22bfloat162_rn(f);
   return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-// Row of key t of query s (kernels.h): paged, per-query offset, or shared.
-__device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, int64_t t) {
-  int64_t r;
-  if (a.block_table != nullptr) {
-    const int64_t b = t / a.block_size;
-    r = static_cast<int64_t>(__ldg(a.block_table + static_cast<int64_t>(s) * a.max_blocks + b)) * a.block_size +
-        (t - b * a.block_size);
-  } else {
-    r = (a.key_offset != nullptr ? __ldg(a.key_offset + s) : 0) + t;
-  }
-  return a.keys + r * a.row_bytes;
 }
 
 __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a) {
@@ -214,12 +205,6 @@ constexpr int smem_bytes() {
   return 256 + kH * kQRow * 2 + kWarps * kStages * kUnit * KeyFmt<F>::kRowS;
 }
 
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
-               : "memory");
-}
 // Two e4m3 codes (low byte first) -> f16x2, exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
@@ -458,6 +443,8 @@ void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t
 
 }  // namespace
 
+bool indexer_fp8_q_supported() { return idx::fp8_q_supported(); }
+
 void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
   const DeviceConfig& dev = device_config();
   const bool fp4 = a.format == IndexerKeyFormat::kMXFP4;
@@ -472,6 +459,7 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
     fail("cuda::indexer_scores_fp8: MXFP4 key rows of ", a.row_bytes,
          " B are not supported (need >= 68 B, 4-byte aligned, scales at offset 64)");
   if (fp4 && a.exact_q) fail("cuda::indexer_scores_fp8: exact_q supports FP8 keys only");
+  if (a.fp8_q && (fp4 || a.exact_q)) fail("cuda::indexer_scores_fp8: fp8_q needs FP8 keys and excludes exact_q");
   if (a.block_table != nullptr && (a.block_size <= 0 || a.max_blocks <= 0 || a.key_offset != nullptr))
     fail("cuda::indexer_scores_fp8: block table needs block_size > 0, max_blocks > 0 and no key_offset (got ",
          a.block_size, ", ", a.max_blocks, ")");
@@ -480,6 +468,10 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
          a.block_size);
   if (a.score_stride < a.n_keys) fail("cuda::indexer_scores_fp8: score stride ", a.score_stride, " < ", a.n_keys);
   if (reinterpret_cast<uintptr_t>(a.q) % 16) fail("cuda::indexer_scores_fp8: q must be 16-byte aligned");
+  if (a.fp8_q) {
+    idx::launch_fp8_q(a, stream);
+    return;
+  }
   if (a.exact_q) {
     const int64_t n_tiles = (a.n_keys + kKeys - 1) / kKeys;
     // Enough CTAs for ~8 resident per SM in total, each reusing its q fragments over many tiles.

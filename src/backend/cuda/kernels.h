@@ -94,7 +94,11 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 // per-query quantity is read on the device).
 // Arithmetic (docs/KERNELS.md, "Indexer"): keys are exact in fp16; q is rounded once to fp16 after a per-head
 // power-of-two scale (relative error <= 2^-11 per element, fp32 accumulation), unless exact_q: then the older
-// kernel carries q as bf16 hi + lo (~2^-16; about 2x the tensor-core work, kFP8 only).
+// kernel carries q as bf16 hi + lo (~2^-16; about 2x the tensor-core work, kFP8 only). fp8_q (kFP8 keys, compute
+// capability 9.0 only: indexer_fp8_q_supported): q quantized per (query, head) to e4m3 with a power-of-two scale,
+// as cpu::act_quant_e4m3(q_h, 128, 128) (DeepSeek's act_quant; vLLM's and DeepGEMM's indexer numerics), then FP8
+// tensor cores (indexer_wgmma.cu). queries_share_keys: a hint that consecutive queries mostly have equal
+// key_offset (one sequence's prefill), so the fp8_q kernel serves four queries per key tile; correct either way.
 enum class IndexerKeyFormat { kFP8, kMXFP4 };
 struct IndexerArgs {
   const float* q = nullptr;   // [n_queries, 64, 128], 16-byte aligned
@@ -112,10 +116,14 @@ struct IndexerArgs {
   int block_size = 0;                    // rows per block (> 0 with block_table)
   IndexerKeyFormat format = IndexerKeyFormat::kFP8;
   bool exact_q = false;
+  bool fp8_q = false;
+  bool queries_share_keys = false;
 };
 constexpr int kIndexerHeads = 64;
 constexpr int kIndexerDim = 128;
 // Serves both key formats (the name predates kMXFP4).
 void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream);
+// Whether this device runs IndexerArgs::fp8_q (compute capability 9.0).
+bool indexer_fp8_q_supported();
 
 }  // namespace dsv4::cuda

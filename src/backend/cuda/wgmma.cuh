@@ -83,4 +83,28 @@ __device__ __forceinline__ void mma_ss_n32_bf16(float (&d)[16], uint64_t a, uint
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// wgmma m64 N k32, e4m3 x e4m3 -> fp32, A and B from shared memory, both K-major (the only layout FP8 wgmma
+// takes); accumulate = 0 overwrites d. N = 64, 128 or 256. The tensor cores keep about 14 bits of the running
+// sum of FP8 products (DeepSeek-V3 report, 3.3.2), so callers bound the error by ~2^-13 of sum |products| per
+// instruction.
+template <int N>
+__device__ __forceinline__ void mma_ss_e4m3(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma::mma_ss_e4m3: N");
+  if constexpr (N == 64)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" DSV4_WGMMA_R32 "}, %32, %33, p, 1, 1;\n}\n"
+                 : DSV4_WGMMA_D32(0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  else if constexpr (N == 128)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" DSV4_WGMMA_R64 "}, %64, %65, p, 1, 1;\n}\n"
+                 : DSV4_WGMMA_D64(0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" DSV4_WGMMA_R128 "}, %128, %129, p, 1, 1;\n}\n"
+                 : DSV4_WGMMA_D128(0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
 }  // namespace dsv4::cuda::wgmma

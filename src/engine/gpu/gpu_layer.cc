@@ -162,6 +162,8 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
       ia.n_queries = T;
       ia.key_offset = meta.dev(StepMeta::kKeyBase);
       ia.exact_q = opt.exact_linear;  // exact mode: q as bf16 hi + lo (~2^-16) instead of one fp16 rounding
+      ia.fp8_q = opt.indexer_fp8_q && !opt.exact_linear;
+      ia.queries_share_keys = meta.max_count > 1;  // a prefill chunk: runs of one sequence's tokens
       cuda::indexer_scores_fp8(ia, stream);
     } else {
       glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),

@@ -258,6 +258,12 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
 
   const cuda::DeviceConfig& dc = cuda::device_config();
   cudalin::require_supported_device();
+  if (opt.indexer_fp8_q && any_csa && !opt.exact_linear) {
+    if (!cuda::indexer_fp8_q_supported())
+      fail("GPU engine: indexer_fp8_q needs compute capability 9.0 (this device is ", dc.major, ".", dc.minor, ")");
+    if (opt.kv_dtype != KvDtype::kFP8 || c.index_n_heads != cuda::kIndexerHeads)
+      fail("GPU engine: indexer_fp8_q needs the FP8 KV cache and ", cuda::kIndexerHeads, " indexer heads");
+  }
   size_t free_b = 0, total_b = 0;
   cuda::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   cudaDeviceProp prop{};

@@ -30,6 +30,11 @@ struct GpuOptions {
   // tokens the router's linear stays on its fp32 cuBLAS GEMM while router_gemm is on (also no 16-bit rounding).
   bool exact_linear = false;
   bool exact_moe = false;          // only the routed experts through the fp32 glue (implied by exact_linear)
+  // The CSA indexer with q quantized per head to e4m3 (as vLLM and DeepGEMM do; DeepSeek's own inference code
+  // even simulates FP4) on FP8 tensor cores: cuda::IndexerArgs::fp8_q, compute capability 9.0 and FP8 index keys
+  // only (refused at load otherwise), off under exact_linear. Off: q rounded to fp16 (the CPU path's scores to
+  // ~2^-11), so the top-k matches the CPU engine's except on near-ties.
+  bool indexer_fp8_q = false;
   bool progress = false;           // weight upload progress on stderr
   bool poison = true;              // fill state and scratch with NaN bytes before first use
   // Replay each decode step from a CUDA graph captured per (tokens in the step, context bucket): one

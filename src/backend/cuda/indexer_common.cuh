@@ -1,0 +1,31 @@
+// Device pieces shared by the lightning-indexer kernels (indexer.cu: the streaming and exact_q kernels;
+// indexer_wgmma.cu: the FP8 tensor-core kernel): key-row addressing and the cp.async copy.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace dsv4::cuda::idx {
+
+// Row of key t of query s (kernels.h): paged, per-query offset, or shared.
+__device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, int64_t t) {
+  int64_t r;
+  if (a.block_table != nullptr) {
+    const int64_t b = t / a.block_size;
+    r = static_cast<int64_t>(__ldg(a.block_table + static_cast<int64_t>(s) * a.max_blocks + b)) * a.block_size +
+        (t - b * a.block_size);
+  } else {
+    r = (a.key_offset != nullptr ? __ldg(a.key_offset + s) : 0) + t;
+  }
+  return a.keys + r * a.row_bytes;
+}
+
+// Asynchronous global -> shared copy of kBytes (4, 8 or 16); src_bytes = 0 zero-fills the destination.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
+               : "memory");
+}
+
+}  // namespace dsv4::cuda::idx

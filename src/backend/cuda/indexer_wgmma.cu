@@ -1,0 +1,297 @@
+// Lightning-indexer scores on Hopper's FP8 warpgroup MMA (sm_90a only; FP8 keys; IndexerArgs::fp8_q). The same
+// inputs, outputs and addressing as the streaming kernel (indexer.cu); what changes is q's precision and the MMA:
+//
+//  * q is quantized per (query, head) as DeepSeek's act_quant does with a block of 128 (the vLLM / DeepGEMM
+//    indexer numerics): e = ceil(log2(max(amax, 1e-4) / 448)), codes = e4m3(q * 2^-e) (round to nearest even,
+//    saturating), the same as cpu::act_quant_e4m3(q_h, 128, 128). The power of two is folded into the head
+//    weight: w'_h = w_h * 2^e, since ReLU(2^e x) = 2^e ReLU(x).
+//  * Keys as M, queries' heads as N: the wgmma m64 N k32 e4m3 (N = 64 kQ) takes 64 keys (A: the tile of key rows,
+//    exactly as stored, 128 B each) against kQ queries x 64 heads (B: q codes), K = the 128 dims in 4 steps, both
+//    operands K-major from shared memory in the 128-byte swizzle (backend/cuda/wgmma.cuh). Thread (warp w, lane
+//    4g + c) then holds keys 16w + g and 16w + g + 8 against heads 8j + 2c + {0, 1} of every n8 block j, so the
+//    head sum is 16 products per (key, query) in the thread plus two shuffles over c: no shared-memory reduction.
+//  * Score = s_key * d^-0.5 * sum_h w'_h ReLU(acc_h): the key's UE8M0 scale also commutes with the ReLU.
+//  * Each warpgroup streams its own run of 64-key tiles through a ring of kStages stages (cp.async, 8-byte pieces
+//    in the swizzled order, zero-filled past the visible keys), one named barrier per tile. Two warpgroups per
+//    CTA share q; while one runs its epilogue the other's MMAs run.
+//  * kQ = 4 (prefill: consecutive queries over the same key rows) or 1 (decode: every query its own keys). A CTA
+//    of kQ queries loads a tile once for all queries whose key rows coincide (equal key_offset; block tables only
+//    with kQ = 1); queries with other offsets are served in further passes, so the result never depends on how
+//    queries were grouped.
+// Error (tests/cuda/test_cuda_indexer.cc): against cpu::indexer_scores_fp8 run on the dequantized codes (q'' =
+// code * 2^e), products of two e4m3 values are exact and the tensor cores keep ~14 bits of each k32 running sum:
+// |I - I_ref| <= 2^-10 d^-0.5 sum_h |w_h| sum_d |q''_hd k_td| (a margin of ~4x over 4 instructions at 2^-13 each).
+// Deterministic: fixed summation order, no atomics.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backend/cuda/indexer_common.cuh"
+#include "backend/cuda/indexer_wgmma.h"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/ptx.cuh"
+#include "backend/cuda/wgmma.cuh"
+#include "core/error.h"
+
+namespace dsv4::cuda::idx {
+namespace {
+using namespace ptx;
+
+constexpr int kH = kIndexerHeads;          // 64
+constexpr int kD = kIndexerDim;            // 128 = one 128-byte swizzled row of e4m3
+constexpr int kM = 64;                     // keys per tile (the wgmma's M)
+constexpr int kWG = 2;                     // warpgroups per CTA
+constexpr int kThreads = 128 * kWG;
+constexpr int kTileBytes = kM * kD;        // 8 KB, 1024-byte aligned
+constexpr int kScaleBytes = kM * 8;        // bytes 128..135 of each key row: the UE8M0 scale and 7 more
+[[maybe_unused]] constexpr int kPieces = 17;               // 8-byte pieces per key row copied (16 of codes, 1 with the scale)
+
+template <int kQ>
+struct Cfg {
+  static constexpr int kN = kH * kQ;                   // the wgmma's N
+  static constexpr int kStages = kQ == 1 ? 4 : 3;      // tiles per warpgroup ring
+  static constexpr int kTilesOff = kN * kD;            // q codes first: kQ x 8 KB
+  static constexpr int kScalesOff = kTilesOff + kWG * kStages * kTileBytes;
+  static constexpr int kWOff = kScalesOff + kWG * kStages * kScaleBytes;
+  static constexpr int kSmem = 1024 + kWOff + kN * 4;  // + 1 KB to align to the swizzle atom
+};
+static_assert(Cfg<1>::kSmem <= 99 * 1024 && Cfg<4>::kSmem <= 99 * 1024, "fits 99 KB (sm_90: 2 CTAs of kQ = 1 per SM)");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of warpgroup wg (barrier 0 is __syncthreads)
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+
+// Four floats -> four e4m3 codes (round to nearest even, saturating at 448), low byte first.
+__device__ __forceinline__ uint32_t e4m3x4(float4 v) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x, v.y), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z, v.w), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+template <int kQ>
+__global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kernel(IndexerArgs a, int64_t tiles_per_wg) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<kQ>;
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;
+  uint8_t* tiles = smem + C::kTilesOff + wg * C::kStages * kTileBytes;
+  uint8_t* scales = smem + C::kScalesOff + wg * C::kStages * kScaleBytes;
+  float* ws = reinterpret_cast<float*>(smem + C::kWOff);
+  const int s0 = blockIdx.y * kQ;
+  const int nq = min(kQ, a.n_queries - s0);
+
+  const int64_t n_tiles = (a.n_keys + kM - 1) / kM;
+  const int64_t u0 = (static_cast<int64_t>(blockIdx.x) * kWG + wg) * tiles_per_wg;
+  const int64_t u1 = min(u0 + tiles_per_wg, n_tiles);
+  int64_t vis[kQ], off[kQ];
+#pragma unroll
+  for (int qi = 0; qi < kQ; ++qi) {
+    vis[qi] = qi >= nq ? 0
+              : a.n_visible ? max(int64_t{0}, min(static_cast<int64_t>(__ldg(a.n_visible + s0 + qi)), a.n_keys))
+                            : a.n_keys;
+    off[qi] = qi < nq && a.key_offset != nullptr ? __ldg(a.key_offset + s0 + qi) : 0;
+  }
+  const float softmax_scale = rsqrtf(static_cast<float>(kD));
+  const uint32_t q_addr = smem_u32(smem);
+
+  unsigned todo = (1u << nq) - 1;
+  bool first = true;
+  while (todo != 0) {  // one pass per distinct key offset among the CTA's queries (almost always one)
+    const int lead = __ffs(todo) - 1;
+    int64_t lead_off = 0;
+#pragma unroll
+    for (int qi = 0; qi < kQ; ++qi)
+      if (qi == lead) lead_off = off[qi];  // (a constant index keeps off[] in registers)
+    unsigned mask = 0;
+    int64_t vmax = 0;
+#pragma unroll
+    for (int qi = 0; qi < kQ; ++qi)
+      if (((todo >> qi) & 1) && off[qi] == lead_off) {
+        mask |= 1u << qi;
+        vmax = max(vmax, vis[qi]);
+      }
+    todo &= ~mask;
+    const int s_lead = s0 + lead;
+    const int64_t n_do = max(int64_t{0}, min(u1, (vmax + kM - 1) / kM) - u0);  // tiles with visible keys
+
+    // Tile u0 + i into stage i % kStages. Warp w copies keys 16w .. 16w + 15 of the tile: lane l < 16 resolves
+    // key l's row, then 9 rounds of 32 lanes copy the 16 x 17 pieces in row order (coalesced).
+    auto issue = [&](int64_t i) {
+      const int64_t t = (u0 + i) * kM + 16 * warp + (lane & 15);
+      const uint8_t* mine = lane < 16 && t < vmax ? key_row(a, s_lead, t) : nullptr;
+      uint8_t* tile = tiles + (i % C::kStages) * kTileBytes;
+      uint8_t* sc = scales + (i % C::kStages) * kScaleBytes;
+#pragma unroll
+      for (int it = 0; it < (16 * kPieces + 31) / 32; ++it) {
+        const int ch = it * 32 + lane;
+        const int k = min(ch / kPieces, 15);
+        const int part = ch - (ch / kPieces) * kPieces;
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), k));
+        if (ch < 16 * kPieces) {
+          const int r = 16 * warp + k;
+          uint8_t* dst = part < 16 ? tile + r * 128 + ((((part >> 1) ^ (r & 7)) << 4) | ((part & 1) << 3))
+                                   : sc + r * 8;
+          if (src != nullptr) cp_async<8>(dst, src + part * 8, 8);
+          else cp_async<8>(dst, a.keys, 0);  // zero fill
+        }
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < C::kStages - 1; ++i) {
+      if (i < n_do) issue(i);
+      cp_async_commit();
+    }
+
+    if (first) {  // q -> e4m3 codes (swizzled rows n = 64 qi + h) and w' = w 2^e; two threads per head row
+      first = false;
+      for (int r = tid >> 1; r < C::kN; r += kThreads / 2) {
+        const int qi = r / kH, h = r % kH, half = tid & 1;
+        const bool valid = qi < nq;
+        const float4* qr = reinterpret_cast<const float4*>(
+            a.q + (static_cast<int64_t>(s0 + (valid ? qi : 0)) * kH + h) * kD + half * (kD / 2));
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          const float4 v = __ldg(qr + j);
+          m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        const int e = static_cast<int>(ceilf(log2f(fmaxf(m, 1e-4f) / 448.0f)));  // as e4m3_block_exponent
+        const float inv = ldexpf(1.0f, -e);
+#pragma unroll
+        for (int j = 0; j < kD / 32; ++j) {  // 16-byte chunk 4 half + j of row r
+          uint4 codes = make_uint4(0, 0, 0, 0);
+          if (valid) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              v[u] = __ldg(qr + 4 * j + u);
+              v[u] = make_float4(v[u].x * inv, v[u].y * inv, v[u].z * inv, v[u].w * inv);
+            }
+            codes = make_uint4(e4m3x4(v[0]), e4m3x4(v[1]), e4m3x4(v[2]), e4m3x4(v[3]));
+          }
+          *reinterpret_cast<uint4*>(smem + r * 128 + (((4 * half + j) ^ (r & 7)) << 4)) = codes;
+        }
+        if (half == 0) ws[r] = valid ? ldexpf(__ldg(a.w + static_cast<int64_t>(s0 + qi) * kH + h), e) : 0.f;
+      }
+      wgmma::fence_proxy_async();
+      __syncthreads();
+    }
+
+    for (int64_t i = 0; i < n_do; ++i) {
+      cp_async_wait<C::kStages - 2>();  // this thread's pieces of tile i have landed
+      wgmma::fence_proxy_async();
+      wg_barrier(wg);  // everyone's pieces have landed, and every warp is done with tile i - 1's stage
+      if (i + C::kStages - 1 < n_do) issue(i + C::kStages - 1);
+      cp_async_commit();
+
+      const int stage = static_cast<int>(i % C::kStages);
+      const uint32_t tile_addr = smem_u32(tiles + stage * kTileBytes);
+      float d[C::kN / 2];
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 32; ++kk)
+        wgmma::mma_ss_e4m3<C::kN>(d, wgmma::sw128_desc(tile_addr + 32 * kk), wgmma::sw128_desc(q_addr + 32 * kk), kk);
+      wgmma::commit();
+      wgmma::wait0();
+#pragma unroll
+      for (int r = 0; r < C::kN / 2; ++r) wgmma::fence_operand(d[r]);
+
+      // Per query: sum over this thread's 16 heads for keys r0 = 16 warp + g and r0 + 8, then over the quad.
+      float part[kQ][2];
+#pragma unroll
+      for (int qi = 0; qi < kQ; ++qi) {
+        float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int nb = 8 * qi + j;
+          const float2 wv = *reinterpret_cast<const float2*>(ws + 8 * nb + 2 * c);
+          p0 = fmaf(wv.x, fmaxf(d[4 * nb], 0.f), p0);
+          p0 = fmaf(wv.y, fmaxf(d[4 * nb + 1], 0.f), p0);
+          p1 = fmaf(wv.x, fmaxf(d[4 * nb + 2], 0.f), p1);
+          p1 = fmaf(wv.y, fmaxf(d[4 * nb + 3], 0.f), p1);
+        }
+        p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
+        p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
+        part[qi][0] = p0;
+        part[qi][1] = p1;
+      }
+      const uint8_t* sc = scales + stage * kScaleBytes;
+      const int64_t t0 = (u0 + i) * kM + 16 * warp + g;
+#pragma unroll
+      for (int qi = 0; qi < kQ; ++qi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if ((2 * qi + r) % 4 != c || !((mask >> qi) & 1)) continue;  // the quad's lanes share the writes
+          const int64_t t = t0 + 8 * r;
+          const float sk = e8m0(sc[(16 * warp + g + 8 * r) * 8]);
+          if (t < a.n_keys)
+            a.scores[static_cast<int64_t>(s0 + qi) * a.score_stride + t] =
+                t < vis[qi] ? part[qi][r] * sk * softmax_scale : -INFINITY;
+        }
+    }
+    cp_async_wait<0>();
+    // Tiles past every visible key of this pass: -inf.
+    for (int64_t i = n_do; i < u1 - u0; ++i)
+      for (int e = tid & 127; e < kM * kQ; e += 128) {
+        const int qi = e / kM;
+        const int64_t t = (u0 + i) * kM + e % kM;
+        if (((mask >> qi) & 1) && t < a.n_keys) a.scores[static_cast<int64_t>(s0 + qi) * a.score_stride + t] = -INFINITY;
+      }
+    wg_barrier(wg);  // the ring is free before the next pass refills it
+  }
+#else
+  __trap();  // launched only on compute capability 9.0 (fp8_q_supported)
+#endif
+}
+
+template <int kQ>
+void launch_q(const IndexerArgs& a, cudaStream_t stream) {
+  using C = Cfg<kQ>;
+  static const int per_sm = [] {
+    check(cudaFuncSetAttribute(indexer_wgmma_kernel<kQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
+          "indexer_wgmma smem attribute");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_wgmma_kernel<kQ>, kThreads, C::kSmem),
+          "indexer_wgmma occupancy");
+    if (blocks < 1) fail("cuda::indexer_scores_fp8: the FP8 tensor-core kernel does not fit an SM of this device");
+    return blocks;
+  }();
+  // One wave over all query groups when possible, at least kMinTiles tiles per warpgroup so the per-CTA q setup
+  // (kQ x 32 KB read and quantized) stays small against the keys it serves.
+  constexpr int64_t kMinTiles = 2;
+  const int64_t groups = (a.n_queries + kQ - 1) / kQ;
+  const int64_t n_tiles = (a.n_keys + kM - 1) / kM;
+  int64_t per_group = (static_cast<int64_t>(per_sm) * device_config().sm_count + groups - 1) / groups;
+  per_group = std::max<int64_t>(1, std::min<int64_t>(per_group, (n_tiles + kWG * kMinTiles - 1) / (kWG * kMinTiles)));
+  const int64_t tiles_per_wg = (n_tiles + per_group * kWG - 1) / (per_group * kWG);
+  per_group = (n_tiles + tiles_per_wg * kWG - 1) / (tiles_per_wg * kWG);
+  if (per_group > 0x7fffffffLL || groups > 65535) fail("cuda::indexer_scores_fp8: too many keys or queries");
+  check(cuda::launch(indexer_wgmma_kernel<kQ>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
+                     dim3(kThreads), C::kSmem, stream, a, tiles_per_wg),
+        "indexer_wgmma_kernel launch");
+}
+
+}  // namespace
+
+bool fp8_q_supported() { return device_config().major == 9 && device_config().minor == 0; }
+
+void launch_fp8_q(const IndexerArgs& a, cudaStream_t stream) {
+  if (!fp8_q_supported()) fail("cuda::indexer_scores_fp8: fp8_q needs compute capability 9.0 (wgmma)");
+  // Four queries per CTA where consecutive queries share their key rows (prefill); one otherwise (decode).
+  const bool shared = a.block_table == nullptr && (a.key_offset == nullptr || a.queries_share_keys);
+  if (shared && a.n_queries >= 8) launch_q<4>(a, stream);
+  else launch_q<1>(a, stream);
+}
+
+}  // namespace dsv4::cuda::idx
