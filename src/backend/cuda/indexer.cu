@@ -443,6 +443,16 @@ void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t
 
 }  // namespace
 
+namespace idx {
+KeySplit split_keys(int64_t slots, int64_t groups, int64_t n_units, int workers, int64_t min_units) {
+  KeySplit k;
+  k.ctas = std::max<int64_t>(1, std::min<int64_t>(slots / groups, (n_units + workers * min_units - 1) / (workers * min_units)));
+  k.units_per_worker = std::max<int64_t>(1, (n_units + k.ctas * workers - 1) / (k.ctas * workers));
+  k.ctas = std::max<int64_t>(1, (n_units + k.units_per_worker * workers - 1) / (k.units_per_worker * workers));
+  return k;
+}
+}  // namespace idx
+
 bool indexer_fp8_q_supported() { return idx::fp8_q_supported(); }
 
 void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
@@ -487,10 +497,8 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
   const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
   const int per_sm =
       std::min(4, fp4 ? stream_ctas_per_sm<IndexerKeyFormat::kMXFP4>() : stream_ctas_per_sm<IndexerKeyFormat::kFP8>());
-  int64_t per_query = (static_cast<int64_t>(per_sm) * dev.sm_count + a.n_queries - 1) / a.n_queries;
-  per_query = std::max<int64_t>(1, std::min<int64_t>(per_query, (n_units + kWarps * kMinUnits - 1) / (kWarps * kMinUnits)));
-  const int64_t units_per_warp = (n_units + per_query * kWarps - 1) / (per_query * kWarps);
-  per_query = (n_units + units_per_warp * kWarps - 1) / (units_per_warp * kWarps);
+  const idx::KeySplit sp = idx::split_keys(static_cast<int64_t>(per_sm) * dev.sm_count, a.n_queries, n_units, kWarps, kMinUnits);
+  const int64_t per_query = sp.ctas, units_per_warp = sp.units_per_worker;
   if (per_query > 0x7fffffffLL) fail("cuda::indexer_scores_fp8: too many keys (", a.n_keys, ")");
   const dim3 grid(static_cast<unsigned>(per_query), static_cast<unsigned>(a.n_queries));
   if (fp4) launch_stream<IndexerKeyFormat::kMXFP4>(grid, stream, a, units_per_warp);

@@ -267,15 +267,13 @@ void launch_q(const IndexerArgs& a, cudaStream_t stream) {
     if (blocks < 1) fail("cuda::indexer_scores_fp8: the FP8 tensor-core kernel does not fit an SM of this device");
     return blocks;
   }();
-  // One wave over all query groups when possible, at least kMinTiles tiles per warpgroup so the per-CTA q setup
-  // (kQ x 32 KB read and quantized) stays small against the keys it serves.
+  // At least kMinTiles tiles per warpgroup, so the per-CTA q setup (kQ x 32 KB read and quantized) stays small
+  // against the keys it serves.
   constexpr int64_t kMinTiles = 2;
   const int64_t groups = (a.n_queries + kQ - 1) / kQ;
-  const int64_t n_tiles = (a.n_keys + kM - 1) / kM;
-  int64_t per_group = (static_cast<int64_t>(per_sm) * device_config().sm_count + groups - 1) / groups;
-  per_group = std::max<int64_t>(1, std::min<int64_t>(per_group, (n_tiles + kWG * kMinTiles - 1) / (kWG * kMinTiles)));
-  const int64_t tiles_per_wg = (n_tiles + per_group * kWG - 1) / (per_group * kWG);
-  per_group = (n_tiles + tiles_per_wg * kWG - 1) / (tiles_per_wg * kWG);
+  const KeySplit sp = split_keys(static_cast<int64_t>(per_sm) * device_config().sm_count, groups,
+                                 (a.n_keys + kM - 1) / kM, kWG, kMinTiles);
+  const int64_t per_group = sp.ctas, tiles_per_wg = sp.units_per_worker;
   if (per_group > 0x7fffffffLL || groups > 65535) fail("cuda::indexer_scores_fp8: too many keys or queries");
   check(cuda::launch(indexer_wgmma_kernel<kQ>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
                      dim3(kThreads), C::kSmem, stream, a, tiles_per_wg),
