@@ -44,13 +44,13 @@ timeout 100 "$bench" --indexer $QUICK > "$RESULTS/bench.csv" 2> "$RESULTS/bench.
 echo "== indexer bench (us median; ratio = frac of copy BW or TFLOP/s)"
 awk -F, '{printf "%-24s %-34s %10s us  %s %s\n", $1, $2, $3, $6, $7}' "$RESULTS/bench.csv"
 # IDX_NCU="NAME:SKIP ...": Nsight Compute on one launch of the kernel matching regex NAME after SKIP launches of it
-# in `bench --indexer` (each bench row makes 303 launches: 3 warm-up + 30 x 10), e.g. "indexer_wgmma_kernel<4>:1"
-# (the fp8_q prefill row) or "indexer_wgmma_kernel<1>:1518" (fp8_q decode q=8 x 256K).
+# in `bench --indexer` (each bench row makes 303 launches: 3 warm-up + 30 x 10), e.g. "indexer_wgmma_kernel<4:1"
+# (the fp8_q prefill row) or "indexer_wgmma_kernel<1:1518" (fp8_q decode q=8 x 256K; names demangled).
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 for spec in ${IDX_NCU:-}; do
   [ -z "$NCU" ] && { echo "no ncu"; break; }
   name=${spec%:*}; skip=${spec##*:}; tag=$(echo "$name" | tr -c 'A-Za-z0-9_\n' '_')
-  timeout 200 "$NCU" -k "regex:$name" --launch-skip "$skip" --launch-count 1 --section SpeedOfLight \
+  timeout 200 "$NCU" --kernel-name-base demangled -k "regex:$name" --launch-skip "$skip" --launch-count 1 --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
     "$bench" --indexer > "$RESULTS/ncu_$tag.txt" 2>&1

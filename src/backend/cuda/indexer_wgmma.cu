@@ -49,13 +49,14 @@ constexpr int kScaleBytes = kM * 8;        // bytes 128..135 of each key row: th
 template <int kQ>
 struct Cfg {
   static constexpr int kN = kH * kQ;                   // the wgmma's N
-  static constexpr int kStages = kQ == 1 ? 4 : 3;      // tiles per warpgroup ring
+  static constexpr int kStages = kQ == 1 ? 5 : 4;      // tiles per warpgroup ring (kStages - 1 loading ahead)
   static constexpr int kTilesOff = kN * kD;            // q codes first: kQ x 8 KB
   static constexpr int kScalesOff = kTilesOff + kWG * kStages * kTileBytes;
   static constexpr int kWOff = kScalesOff + kWG * kStages * kScaleBytes;
   static constexpr int kSmem = 1024 + kWOff + kN * 4;  // + 1 KB to align to the swizzle atom
 };
-static_assert(Cfg<1>::kSmem <= 99 * 1024 && Cfg<4>::kSmem <= 99 * 1024, "fits 99 KB (sm_90: 2 CTAs of kQ = 1 per SM)");
+// sm_90 only (227 KB per SM; other devices never launch it, cuda::indexer_fp8_q_supported): two CTAs of kQ = 1 per SM.
+static_assert(2 * Cfg<1>::kSmem <= 227 * 1024 && Cfg<4>::kSmem <= 227 * 1024, "sm_90 shared memory");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -72,7 +73,13 @@ __device__ __forceinline__ uint32_t e4m3x4(float4 v) {
   return lo | (hi << 16);
 }
 
-template <int kQ>
+// UE8M0 scale 2^(e-127) as ptx::e8m0, with selects instead of branches (used inside the wgmma pipeline).
+__device__ __forceinline__ float e8m0_sel(uint32_t e) {
+  return __int_as_float(e == 0xffu ? 0x7fc00000 : e == 0u ? 0x00400000 : static_cast<int>(e << 23));
+}
+
+// kPaged: keys through a block table (kQ = 1 only); else shared rows or per-query key_offset.
+template <int kQ, bool kPaged>
 __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kernel(IndexerArgs a, int64_t tiles_per_wg) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<kQ>;
@@ -123,31 +130,39 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
 
     // Tile u0 + i into stage i % kStages. Warp w copies keys 16w .. 16w + 15 of the tile: lane l < 16 resolves
     // key l's row, then 9 rounds of 32 lanes copy the 16 x 17 pieces in row order (coalesced).
+    // Tiles past n_do are zero-filled without reading memory; lanes past the last piece repeat it.
     auto issue = [&](int64_t i) {
       const int64_t t = (u0 + i) * kM + 16 * warp + (lane & 15);
-      const uint8_t* mine = lane < 16 && t < vmax ? key_row(a, s_lead, t) : nullptr;
+      const bool live = lane < 16 && i < n_do && t < vmax;
+      // key_row() with 32-bit index arithmetic: a 64-bit division is a called routine with branches.
+      const int tc = static_cast<int>(min(t, vmax - 1));  // vmax >= 1 when n_do > 0; n_keys < 2^31
+      int64_t rr = lead_off + tc;
+      if constexpr (kPaged) {
+        const int b = tc / a.block_size;
+        rr = static_cast<int64_t>(__ldg(a.block_table + static_cast<int64_t>(s_lead) * a.max_blocks + b)) *
+                 a.block_size + (tc - b * a.block_size);
+      }
+      const uint8_t* row = a.keys + rr * a.row_bytes;
+      const uint8_t* mine = live ? row : nullptr;
       uint8_t* tile = tiles + (i % C::kStages) * kTileBytes;
       uint8_t* sc = scales + (i % C::kStages) * kScaleBytes;
 #pragma unroll
       for (int it = 0; it < (16 * kPieces + 31) / 32; ++it) {
-        const int ch = it * 32 + lane;
-        const int k = min(ch / kPieces, 15);
-        const int part = ch - (ch / kPieces) * kPieces;
+        const int ch = min(it * 32 + lane, 16 * kPieces - 1);
+        const int k = ch / kPieces, part = ch - k * kPieces;
         const uint8_t* src = reinterpret_cast<const uint8_t*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), k));
-        if (ch < 16 * kPieces) {
-          const int r = 16 * warp + k;
-          uint8_t* dst = part < 16 ? tile + r * 128 + ((((part >> 1) ^ (r & 7)) << 4) | ((part & 1) << 3))
-                                   : sc + r * 8;
-          if (src != nullptr) cp_async<8>(dst, src + part * 8, 8);
-          else cp_async<8>(dst, a.keys, 0);  // zero fill
-        }
+        const int r = 16 * warp + k;
+        uint8_t* dst = part < 16 ? tile + r * 128 + ((((part >> 1) ^ (r & 7)) << 4) | ((part & 1) << 3)) : sc + r * 8;
+        cp_async<8>(dst, src != nullptr ? src + part * 8 : a.keys, src != nullptr ? 8 : 0);
       }
     };
+    if (n_do > 0) {
 #pragma unroll
-    for (int i = 0; i < C::kStages - 1; ++i) {
-      if (i < n_do) issue(i);
-      cp_async_commit();
+      for (int i = 0; i < C::kStages - 1; ++i) {
+        issue(i);
+        cp_async_commit();
+      }
     }
 
     if (first) {  // q -> e4m3 codes (swizzled rows n = 64 qi + h) and w' = w 2^e; two threads per head row
@@ -186,58 +201,73 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       __syncthreads();
     }
 
-    for (int64_t i = 0; i < n_do; ++i) {
+    // The MMAs of a tile run in two halves of N (kN / 2 columns each, accumulators d0 / d1), committed as two
+    // groups: the epilogue of the first half runs while the tensor cores compute the second. Both are waited on
+    // inside the iteration: a wgmma in flight across the loop's branch makes ptxas serialize every wgmma (C7518).
+    // ready(i) refills the stage of tile i - 1 (done with), so kStages - 1 tiles are loading ahead.
+    constexpr int kHalf = C::kN / 2;  // columns per half; accumulators per thread per half: kHalf / 2
+    float d0[kHalf / 2], d1[kHalf / 2];
+    auto ready = [&](int64_t i) {
       cp_async_wait<C::kStages - 2>();  // this thread's pieces of tile i have landed
       wgmma::fence_proxy_async();
-      wg_barrier(wg);  // everyone's pieces have landed, and every warp is done with tile i - 1's stage
-      if (i + C::kStages - 1 < n_do) issue(i + C::kStages - 1);
+      wg_barrier(wg);  // everyone's pieces have landed; every warp is done with tile i - 1
+      issue(i + C::kStages - 1);
       cp_async_commit();
-
-      const int stage = static_cast<int>(i % C::kStages);
-      const uint32_t tile_addr = smem_u32(tiles + stage * kTileBytes);
-      float d[C::kN / 2];
+    };
+    auto mma_half = [&](float (&d)[kHalf / 2], int64_t i, int h) {
+      const uint32_t tile_addr = smem_u32(tiles + (i % C::kStages) * kTileBytes);
+      const uint32_t b_addr = q_addr + h * kHalf * kD;
+#pragma unroll
+      for (int r = 0; r < kHalf / 2; ++r) wgmma::fence_operand(d[r]);
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kD / 32; ++kk)
-        wgmma::mma_ss_e4m3<C::kN>(d, wgmma::sw128_desc(tile_addr + 32 * kk), wgmma::sw128_desc(q_addr + 32 * kk), kk);
+        wgmma::mma_ss_e4m3<kHalf>(d, wgmma::sw128_desc(tile_addr + 32 * kk), wgmma::sw128_desc(b_addr + 32 * kk), kk);
       wgmma::commit();
-      wgmma::wait0();
+    };
+    // Adds this thread's heads of half h (n8 blocks j = 0 .. kHalf / 8 - 1 of it) into part[query][row]: keys
+    // r0 = 16 warp + g and r0 + 8; heads 8 j' + 2c + {0, 1} of block j' = h kHalf / 8 + j.
+    float part[kQ][2];
+    auto epilogue_half = [&](float (&d)[kHalf / 2], int h) {
 #pragma unroll
-      for (int r = 0; r < C::kN / 2; ++r) wgmma::fence_operand(d[r]);
-
-      // Per query: sum over this thread's 16 heads for keys r0 = 16 warp + g and r0 + 8, then over the quad.
-      float part[kQ][2];
+      for (int r = 0; r < kHalf / 2; ++r) wgmma::fence_operand(d[r]);
 #pragma unroll
-      for (int qi = 0; qi < kQ; ++qi) {
-        float p0 = 0.f, p1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int nb = 8 * qi + j;
-          const float2 wv = *reinterpret_cast<const float2*>(ws + 8 * nb + 2 * c);
-          p0 = fmaf(wv.x, fmaxf(d[4 * nb], 0.f), p0);
-          p0 = fmaf(wv.y, fmaxf(d[4 * nb + 1], 0.f), p0);
-          p1 = fmaf(wv.x, fmaxf(d[4 * nb + 2], 0.f), p1);
-          p1 = fmaf(wv.y, fmaxf(d[4 * nb + 3], 0.f), p1);
-        }
-        p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
-        p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
-        p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
-        p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
-        part[qi][0] = p0;
-        part[qi][1] = p1;
+      for (int j = 0; j < kHalf / 8; ++j) {
+        const int nb = h * (kHalf / 8) + j;  // n8 block of the whole N
+        const int qi = nb / 8;
+        const float2 wv = *reinterpret_cast<const float2*>(ws + 8 * nb + 2 * c);
+        part[qi][0] = fmaf(wv.x, fmaxf(d[4 * j], 0.f), part[qi][0]);
+        part[qi][0] = fmaf(wv.y, fmaxf(d[4 * j + 1], 0.f), part[qi][0]);
+        part[qi][1] = fmaf(wv.x, fmaxf(d[4 * j + 2], 0.f), part[qi][1]);
+        part[qi][1] = fmaf(wv.y, fmaxf(d[4 * j + 3], 0.f), part[qi][1]);
       }
-      const uint8_t* sc = scales + stage * kScaleBytes;
+    };
+    for (int64_t i = 0; i < n_do; ++i) {
+      ready(i);
+      mma_half(d0, i, 0);
+      mma_half(d1, i, 1);
+      const uint8_t* sc = scales + (i % C::kStages) * kScaleBytes;
+      const float sk0 = e8m0_sel(sc[(16 * warp + g) * 8]), sk1 = e8m0_sel(sc[(16 * warp + g + 8) * 8]);
+#pragma unroll
+      for (int qi = 0; qi < kQ; ++qi) part[qi][0] = part[qi][1] = 0.f;
+      wgmma::wait<1>();  // the first half (groups complete in order)
+      epilogue_half(d0, 0);
+      wgmma::wait<0>();
+      epilogue_half(d1, 1);
+
+      // The quad's four lanes hold partial sums over disjoint heads: add them, then the lanes share the writes.
       const int64_t t0 = (u0 + i) * kM + 16 * warp + g;
 #pragma unroll
       for (int qi = 0; qi < kQ; ++qi)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if ((2 * qi + r) % 4 != c || !((mask >> qi) & 1)) continue;  // the quad's lanes share the writes
+          float v = part[qi][r];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
           const int64_t t = t0 + 8 * r;
-          const float sk = e8m0(sc[(16 * warp + g + 8 * r) * 8]);
-          if (t < a.n_keys)
+          if ((2 * qi + r) % 4 == c && ((mask >> qi) & 1) && t < a.n_keys)
             a.scores[static_cast<int64_t>(s0 + qi) * a.score_stride + t] =
-                t < vis[qi] ? part[qi][r] * sk * softmax_scale : -INFINITY;
+                t < vis[qi] ? v * (r ? sk1 : sk0) * softmax_scale : -INFINITY;
         }
     }
     cp_async_wait<0>();
@@ -255,14 +285,14 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
 #endif
 }
 
-template <int kQ>
+template <int kQ, bool kPaged>
 void launch_q(const IndexerArgs& a, cudaStream_t stream) {
   using C = Cfg<kQ>;
   static const int per_sm = [] {
-    check(cudaFuncSetAttribute(indexer_wgmma_kernel<kQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
+    check(cudaFuncSetAttribute(indexer_wgmma_kernel<kQ, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
           "indexer_wgmma smem attribute");
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_wgmma_kernel<kQ>, kThreads, C::kSmem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_wgmma_kernel<kQ, kPaged>, kThreads, C::kSmem),
           "indexer_wgmma occupancy");
     if (blocks < 1) fail("cuda::indexer_scores_fp8: the FP8 tensor-core kernel does not fit an SM of this device");
     return blocks;
@@ -275,7 +305,7 @@ void launch_q(const IndexerArgs& a, cudaStream_t stream) {
                                  (a.n_keys + kM - 1) / kM, kWG, kMinTiles);
   const int64_t per_group = sp.ctas, tiles_per_wg = sp.units_per_worker;
   if (per_group > 0x7fffffffLL || groups > 65535) fail("cuda::indexer_scores_fp8: too many keys or queries");
-  check(cuda::launch(indexer_wgmma_kernel<kQ>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
+  check(cuda::launch(indexer_wgmma_kernel<kQ, kPaged>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
                      dim3(kThreads), C::kSmem, stream, a, tiles_per_wg),
         "indexer_wgmma_kernel launch");
 }
@@ -288,8 +318,9 @@ void launch_fp8_q(const IndexerArgs& a, cudaStream_t stream) {
   if (!fp8_q_supported()) fail("cuda::indexer_scores_fp8: fp8_q needs compute capability 9.0 (wgmma)");
   // Four queries per CTA where consecutive queries share their key rows (prefill); one otherwise (decode).
   const bool shared = a.block_table == nullptr && (a.key_offset == nullptr || a.queries_share_keys);
-  if (shared && a.n_queries >= 8) launch_q<4>(a, stream);
-  else launch_q<1>(a, stream);
+  if (shared && a.n_queries >= 8) launch_q<4, false>(a, stream);
+  else if (a.block_table != nullptr) launch_q<1, true>(a, stream);
+  else launch_q<1, false>(a, stream);
 }
 
 }  // namespace dsv4::cuda::idx

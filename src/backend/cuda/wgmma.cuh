@@ -17,6 +17,11 @@ namespace dsv4::cuda::wgmma {
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Waits until at most N committed wgmma groups are pending (they complete in order).
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
 // Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence / wait around it.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 // Generic-proxy writes to shared memory (st.shared, cp.async) visible to the tensor cores' reads; then a barrier.
@@ -84,13 +89,18 @@ __device__ __forceinline__ void mma_ss_n32_bf16(float (&d)[16], uint64_t a, uint
 }
 
 // wgmma m64 N k32, e4m3 x e4m3 -> fp32, A and B from shared memory, both K-major (the only layout FP8 wgmma
-// takes); accumulate = 0 overwrites d. N = 64, 128 or 256. The tensor cores keep about 14 bits of the running
+// takes); accumulate = 0 overwrites d. N = 32, 64, 128 or 256. The tensor cores keep about 14 bits of the running
 // sum of FP8 products (DeepSeek-V3 report, 3.3.2), so callers bound the error by ~2^-13 of sum |products| per
 // instruction.
 template <int N>
 __device__ __forceinline__ void mma_ss_e4m3(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
-  static_assert(N == 64 || N == 128 || N == 256, "wgmma::mma_ss_e4m3: N");
-  if constexpr (N == 64)
+  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "wgmma::mma_ss_e4m3: N");
+  if constexpr (N == 32)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {" DSV4_WGMMA_R16 "}, %16, %17, p, 1, 1;\n}\n"
+                 : DSV4_WGMMA_D16(0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  else if constexpr (N == 64)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" DSV4_WGMMA_R32 "}, %32, %33, p, 1, 1;\n}\n"
                  : DSV4_WGMMA_D32(0)
