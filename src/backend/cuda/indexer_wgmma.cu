@@ -165,37 +165,41 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       }
     }
 
-    if (first) {  // q -> e4m3 codes (swizzled rows n = 64 qi + h) and w' = w 2^e; two threads per head row
+    if (first) {  // q -> e4m3 codes (swizzled rows n = 64 qi + h) and w' = w 2^e; kTpr threads per head row
       first = false;
-      for (int r = tid >> 1; r < C::kN; r += kThreads / 2) {
-        const int qi = r / kH, h = r % kH, half = tid & 1;
+      constexpr int kTpr = kThreads / C::kN >= 4 ? 4 : 2;  // kQ = 1: 4 (both warpgroups); kQ = 4: 2
+      constexpr int kF4 = kD / 4 / kTpr;                    // float4 per thread, held in registers (one load)
+      for (int r = tid / kTpr; r < C::kN; r += kThreads / kTpr) {
+        const int qi = r / kH, h = r % kH, part = tid % kTpr;
         const bool valid = qi < nq;
         const float4* qr = reinterpret_cast<const float4*>(
-            a.q + (static_cast<int64_t>(s0 + (valid ? qi : 0)) * kH + h) * kD + half * (kD / 2));
+            a.q + (static_cast<int64_t>(s0 + (valid ? qi : 0)) * kH + h) * kD + part * (kD / kTpr));
+        float4 v[kF4];
         float m = 0.f;
 #pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          const float4 v = __ldg(qr + j);
-          m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        for (int j = 0; j < kF4; ++j) {
+          v[j] = __ldg(qr + j);
+          m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
         }
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+#pragma unroll
+        for (int x = 1; x < kTpr; x <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
         const int e = static_cast<int>(ceilf(log2f(fmaxf(m, 1e-4f) / 448.0f)));  // as e4m3_block_exponent
         const float inv = ldexpf(1.0f, -e);
 #pragma unroll
-        for (int j = 0; j < kD / 32; ++j) {  // 16-byte chunk 4 half + j of row r
+        for (int j = 0; j < kF4 / 4; ++j) {  // 16-byte chunk (kF4 / 4) part + j of row r
           uint4 codes = make_uint4(0, 0, 0, 0);
           if (valid) {
-            float4 v[4];
+            float4 u[4];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              v[u] = __ldg(qr + 4 * j + u);
-              v[u] = make_float4(v[u].x * inv, v[u].y * inv, v[u].z * inv, v[u].w * inv);
+            for (int k = 0; k < 4; ++k) {
+              const float4 x = v[4 * j + k];
+              u[k] = make_float4(x.x * inv, x.y * inv, x.z * inv, x.w * inv);
             }
-            codes = make_uint4(e4m3x4(v[0]), e4m3x4(v[1]), e4m3x4(v[2]), e4m3x4(v[3]));
+            codes = make_uint4(e4m3x4(u[0]), e4m3x4(u[1]), e4m3x4(u[2]), e4m3x4(u[3]));
           }
-          *reinterpret_cast<uint4*>(smem + r * 128 + (((4 * half + j) ^ (r & 7)) << 4)) = codes;
+          *reinterpret_cast<uint4*>(smem + r * 128 + ((((kF4 / 4) * part + j) ^ (r & 7)) << 4)) = codes;
         }
-        if (half == 0) ws[r] = valid ? ldexpf(__ldg(a.w + static_cast<int64_t>(s0 + qi) * kH + h), e) : 0.f;
+        if (part == 0) ws[r] = valid ? ldexpf(__ldg(a.w + static_cast<int64_t>(s0 + qi) * kH + h), e) : 0.f;
       }
       wgmma::fence_proxy_async();
       __syncthreads();
