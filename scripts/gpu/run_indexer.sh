@@ -45,7 +45,7 @@ echo "== indexer bench (us median; ratio = frac of copy BW or TFLOP/s)"
 awk -F, '{printf "%-24s %-34s %10s us  %s %s\n", $1, $2, $3, $6, $7}' "$RESULTS/bench.csv"
 # IDX_NCU="NAME:SKIP ...": Nsight Compute on one launch of the kernel matching regex NAME after SKIP launches of it
 # in `bench --indexer` (each bench row makes 303 launches: 3 warm-up + 30 x 10), e.g. "wgmma_kernel<.int.4:1"
-# (the fp8_q prefill row) or "wgmma_kernel<.int.1, .bool.0:1518" (fp8_q decode q=8 x 256K; demangled names).
+# (the fp8_q prefill row) or "wgmma_kernel<.int.1,:1518" (fp8_q decode q=8 x 256K; demangled names, no spaces).
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 for spec in ${IDX_NCU:-}; do
   [ -z "$NCU" ] && { echo "no ncu"; break; }
