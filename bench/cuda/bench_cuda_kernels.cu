@@ -186,9 +186,9 @@ int main(int argc, char** argv) {
   if (topk_only) return 0;
   if (!attn_only) {
     auto indexer_decode = [&](int nq, int64_t n_keys, cuda::IndexerKeyFormat fmt, bool paged, bool exact,
-                              bool f8q = false) {
+                              bool f8q = false, int64_t row_bytes = 0) {
       const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
-      const int64_t rb = fp4 ? 68 : 136, bs = 64;
+      const int64_t rb = row_bytes ? row_bytes : fp4 ? 68 : 136, bs = 64;
       const int64_t per_q = paged ? (n_keys + bs - 1) / bs * bs : n_keys;
       const size_t set_bytes = size_t(nq) * per_q * rb;
       const int sets = static_cast<int>(std::max<size_t>(1, std::min<size_t>(16, kRotateBytes / set_bytes)));
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
       line(exact ? "indexer_decode_exact_q" : f8q ? "indexer_decode_fp8_q" : "indexer_decode",
            "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + (fp4 ? " mxfp4" : " fp8") +
-               (paged ? " paged64" : ""),
+               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : ""),
            us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
       CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(doffs)); CK(cudaFree(dtable));
     };
@@ -247,12 +247,16 @@ int main(int argc, char** argv) {
           indexer_decode(nq, n_keys, F::kFP8, false, false, true);
         }
       indexer_decode(64, 65536, F::kFP8, true, false, true);
+      // 144-byte rows (a multiple of 16: the kernel's 16-byte copy granule; the cache stores 136)
+      indexer_decode(1, 262144, F::kFP8, false, false, true, 144);
+      indexer_decode(8, 262144, F::kFP8, false, false, true, 144);
+      indexer_decode(64, 65536, F::kFP8, false, false, true, 144);
     }
 
-    auto indexer_prefill = [&](cuda::IndexerKeyFormat fmt, bool exact, bool f8q = false) {
+    auto indexer_prefill = [&](cuda::IndexerKeyFormat fmt, bool exact, bool f8q = false, int64_t row_bytes = 0) {
       const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
       const int nq = quick ? 512 : 4096;
-      const int64_t n_keys = 16384, rb = fp4 ? 68 : 136;
+      const int64_t n_keys = 16384, rb = row_bytes ? row_bytes : fp4 ? 68 : 136;
       uint8_t* keys = dalloc<uint8_t>(size_t(n_keys) * rb);
       fill_bytes<<<1024, 256>>>(keys, size_t(n_keys) * rb, 9u, 120);
       float* q = dalloc<float>(size_t(nq) * 64 * 128);
@@ -275,14 +279,18 @@ int main(int argc, char** argv) {
       const double us = time_us([&](int) { cuda::indexer_scores_fp8(a, nullptr); }, 10, 2);
       const double flops = 2.0 * 64 * 128 * visible;
       line(exact ? "indexer_prefill_exact_q" : f8q ? "indexer_prefill_fp8_q" : "indexer_prefill",
-           "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + " causal" + (fp4 ? " mxfp4" : " fp8"), us,
+           "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + " causal" + (fp4 ? " mxfp4" : " fp8") +
+               (row_bytes ? " rb" + std::to_string(row_bytes) : ""), us,
            0, flops, "TFLOP/s", flops / (us * 1e-6) / 1e12);
       CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(dvis));
     };
     indexer_prefill(F::kFP8, false);
     indexer_prefill(F::kMXFP4, false);
     indexer_prefill(F::kFP8, true);
-    if (cuda::indexer_fp8_q_supported()) indexer_prefill(F::kFP8, false, true);
+    if (cuda::indexer_fp8_q_supported()) {
+      indexer_prefill(F::kFP8, false, true);
+      indexer_prefill(F::kFP8, false, true, 144);
+    }
   }
   if (indexer_only) return 0;
 

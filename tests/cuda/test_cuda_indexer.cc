@@ -315,6 +315,13 @@ TEST(CudaIndexer, Fp8QKernel) {
   for (int bs : {1, 16, 64})
     run_case({.n_q = 5, .n_keys = 2500, .causal = true, .mode = Mode::kPaged, .block_size = bs, .fp8_q = true},
              seed + i++);
+  // Rows a multiple of 16 bytes: the 16-byte copy granule, on every addressing mode.
+  run_case({.n_q = 64, .n_keys = 4097, .causal = true, .row_bytes = 144, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 1, .n_keys = 100000, .row_bytes = 144, .fp8_q = true}, seed + i++);
+  run_case({.n_q = 13, .n_keys = 3001, .causal = true, .mode = Mode::kOffset, .row_bytes = 160, .fp8_q = true,
+            .share_hint = true}, seed + i++);
+  run_case({.n_q = 5, .n_keys = 2500, .causal = true, .mode = Mode::kPaged, .block_size = 16, .row_bytes = 144,
+            .fp8_q = true}, seed + i++);
 }
 
 TEST(CudaIndexer, ExactQKernel) {

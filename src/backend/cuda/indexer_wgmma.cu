@@ -11,7 +11,7 @@
 //    4g + c) then holds keys 16w + g and 16w + g + 8 against heads 8j + 2c + {0, 1} of every n8 block j, so the
 //    head sum is 16 products per (key, query) in the thread plus two shuffles over c: no shared-memory reduction.
 //  * Score = s_key * d^-0.5 * sum_h w'_h ReLU(acc_h): the key's UE8M0 scale also commutes with the ReLU.
-//  * Each warpgroup streams its own run of 64-key tiles through a ring of kStages stages (cp.async, 8-byte pieces
+//  * Each warpgroup streams its own run of 64-key tiles through a ring of kStages stages (cp.async, 8- or 16-byte pieces
 //    in the swizzled order, zero-filled past the visible keys), one named barrier per tile. Two warpgroups per
 //    CTA share q; while one runs its epilogue the other's MMAs run.
 //  * kQ = 4 (prefill: consecutive queries over the same key rows) or 1 (decode: every query its own keys). A CTA
@@ -43,8 +43,7 @@ constexpr int kM = 64;                     // keys per tile (the wgmma's M)
 constexpr int kWG = 2;                     // warpgroups per CTA
 constexpr int kThreads = 128 * kWG;
 constexpr int kTileBytes = kM * kD;        // 8 KB, 1024-byte aligned
-constexpr int kScaleBytes = kM * 8;        // bytes 128..135 of each key row: the UE8M0 scale and 7 more
-[[maybe_unused]] constexpr int kPieces = 17;               // 8-byte pieces per key row copied (16 of codes, 1 with the scale)
+constexpr int kScaleBytes = kM * 16;       // per key 8 or 16 bytes from offset 128: the UE8M0 scale and padding
 
 template <int kQ>
 struct Cfg {
@@ -78,8 +77,10 @@ __device__ __forceinline__ float e8m0_sel(uint32_t e) {
   return __int_as_float(e == 0xffu ? 0x7fc00000 : e == 0u ? 0x00400000 : static_cast<int>(e << 23));
 }
 
-// kPaged: keys through a block table (kQ = 1 only); else shared rows or per-query key_offset.
-template <int kQ, bool kPaged>
+// kPaged: keys through a block table (kQ = 1 only); else shared rows or per-query key_offset. kPiece: the copy
+// granule, 8 bytes (any row_bytes multiple of 8, e.g. the cache's 136) or 16 (row_bytes a multiple of 16: half the
+// copy instructions, which Nsight Compute shows throttling the prefill kernel's issue, run 85).
+template <int kQ, bool kPaged, int kPiece>
 __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kernel(IndexerArgs a, int64_t tiles_per_wg) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<kQ>;
@@ -146,15 +147,16 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       const uint8_t* mine = live ? row : nullptr;
       uint8_t* tile = tiles + (i % C::kStages) * kTileBytes;
       uint8_t* sc = scales + (i % C::kStages) * kScaleBytes;
+      constexpr int kPieces = 128 / kPiece + 1;  // per key row: the codes, then one piece holding the scale
 #pragma unroll
       for (int it = 0; it < (16 * kPieces + 31) / 32; ++it) {
         const int ch = min(it * 32 + lane, 16 * kPieces - 1);
         const int k = ch / kPieces, part = ch - k * kPieces;
         const uint8_t* src = reinterpret_cast<const uint8_t*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), k));
-        const int r = 16 * warp + k;
-        uint8_t* dst = part < 16 ? tile + r * 128 + ((((part >> 1) ^ (r & 7)) << 4) | ((part & 1) << 3)) : sc + r * 8;
-        cp_async<8>(dst, src != nullptr ? src + part * 8 : a.keys, src != nullptr ? 8 : 0);
+        const int r = 16 * warp + k, byte = part * kPiece;  // byte offset in the row
+        uint8_t* dst = byte < 128 ? tile + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15)) : sc + r * 16;
+        cp_async<kPiece>(dst, src != nullptr ? src + byte : a.keys, src != nullptr ? kPiece : 0);
       }
     };
     if (n_do > 0) {
@@ -251,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       mma_half(d0, i, 0);
       mma_half(d1, i, 1);
       const uint8_t* sc = scales + (i % C::kStages) * kScaleBytes;
-      const float sk0 = e8m0_sel(sc[(16 * warp + g) * 8]), sk1 = e8m0_sel(sc[(16 * warp + g + 8) * 8]);
+      const float sk0 = e8m0_sel(sc[(16 * warp + g) * 16]), sk1 = e8m0_sel(sc[(16 * warp + g + 8) * 16]);
 #pragma unroll
       for (int qi = 0; qi < kQ; ++qi) part[qi][0] = part[qi][1] = 0.f;
       wgmma::wait<1>();  // the first half (groups complete in order)
@@ -289,14 +291,14 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
 #endif
 }
 
-template <int kQ, bool kPaged>
+template <int kQ, bool kPaged, int kPiece>
 void launch_q(const IndexerArgs& a, cudaStream_t stream) {
   using C = Cfg<kQ>;
   static const int per_sm = [] {
-    check(cudaFuncSetAttribute(indexer_wgmma_kernel<kQ, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
+    check(cudaFuncSetAttribute(indexer_wgmma_kernel<kQ, kPaged, kPiece>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
           "indexer_wgmma smem attribute");
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_wgmma_kernel<kQ, kPaged>, kThreads, C::kSmem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_wgmma_kernel<kQ, kPaged, kPiece>, kThreads, C::kSmem),
           "indexer_wgmma occupancy");
     if (blocks < 1) fail("cuda::indexer_scores_fp8: the FP8 tensor-core kernel does not fit an SM of this device");
     return blocks;
@@ -309,7 +311,7 @@ void launch_q(const IndexerArgs& a, cudaStream_t stream) {
                                  (a.n_keys + kM - 1) / kM, kWG, kMinTiles);
   const int64_t per_group = sp.ctas, tiles_per_wg = sp.units_per_worker;
   if (per_group > 0x7fffffffLL || groups > 65535) fail("cuda::indexer_scores_fp8: too many keys or queries");
-  check(cuda::launch(indexer_wgmma_kernel<kQ, kPaged>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
+  check(cuda::launch(indexer_wgmma_kernel<kQ, kPaged, kPiece>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
                      dim3(kThreads), C::kSmem, stream, a, tiles_per_wg),
         "indexer_wgmma_kernel launch");
 }
@@ -322,9 +324,17 @@ void launch_fp8_q(const IndexerArgs& a, cudaStream_t stream) {
   if (!fp8_q_supported()) fail("cuda::indexer_scores_fp8: fp8_q needs compute capability 9.0 (wgmma)");
   // Four queries per CTA where consecutive queries share their key rows (prefill); one otherwise (decode).
   const bool shared = a.block_table == nullptr && (a.key_offset == nullptr || a.queries_share_keys);
-  if (shared && a.n_queries >= 8) launch_q<4, false>(a, stream);
-  else if (a.block_table != nullptr) launch_q<1, true>(a, stream);
-  else launch_q<1, false>(a, stream);
+  const bool p16 = a.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0;
+  if (shared && a.n_queries >= 8) {
+    if (p16) launch_q<4, false, 16>(a, stream);
+    else launch_q<4, false, 8>(a, stream);
+  } else if (a.block_table != nullptr) {
+    if (p16) launch_q<1, true, 16>(a, stream);
+    else launch_q<1, true, 8>(a, stream);
+  } else {
+    if (p16) launch_q<1, false, 16>(a, stream);
+    else launch_q<1, false, 8>(a, stream);
+  }
 }
 
 }  // namespace dsv4::cuda::idx
