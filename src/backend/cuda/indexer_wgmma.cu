@@ -233,19 +233,28 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
     };
     // Adds this thread's heads of half h (n8 blocks j = 0 .. kHalf / 8 - 1 of it) into part[query][row]: keys
     // r0 = 16 warp + g and r0 + 8; heads 8 j' + 2c + {0, 1} of block j' = h kHalf / 8 + j.
-    float part[kQ][2];
+    // kAcc independent running sums per (query, row): the epilogue is a chain of dependent FMAs, and with one or
+    // two warps per scheduler its latency, not its issue, set the pace (Nsight Compute, run 86: "wait" stalls).
+    constexpr int kAcc = kQ == 1 ? 4 : 2;
+    float part[kQ][2][kAcc];
+    // kQ = 1: this thread's 16 head weights in registers (kQ = 4 would need 64: read from shared memory).
+    float2 wreg[kQ == 1 ? C::kN / 8 : 1];
+    if constexpr (kQ == 1) {
+#pragma unroll
+      for (int nb = 0; nb < C::kN / 8; ++nb) wreg[nb] = *reinterpret_cast<const float2*>(ws + 8 * nb + 2 * c);
+    }
     auto epilogue_half = [&](float (&d)[kHalf / 2], int h) {
 #pragma unroll
       for (int r = 0; r < kHalf / 2; ++r) wgmma::fence_operand(d[r]);
 #pragma unroll
       for (int j = 0; j < kHalf / 8; ++j) {
         const int nb = h * (kHalf / 8) + j;  // n8 block of the whole N
-        const int qi = nb / 8;
-        const float2 wv = *reinterpret_cast<const float2*>(ws + 8 * nb + 2 * c);
-        part[qi][0] = fmaf(wv.x, fmaxf(d[4 * j], 0.f), part[qi][0]);
-        part[qi][0] = fmaf(wv.y, fmaxf(d[4 * j + 1], 0.f), part[qi][0]);
-        part[qi][1] = fmaf(wv.x, fmaxf(d[4 * j + 2], 0.f), part[qi][1]);
-        part[qi][1] = fmaf(wv.y, fmaxf(d[4 * j + 3], 0.f), part[qi][1]);
+        const int qi = nb / 8, x = j % kAcc;
+        const float2 wv = kQ == 1 ? wreg[nb % (C::kN / 8)] : *reinterpret_cast<const float2*>(ws + 8 * nb + 2 * c);
+        part[qi][0][x] = fmaf(wv.x, fmaxf(d[4 * j], 0.f), part[qi][0][x]);
+        part[qi][0][x] = fmaf(wv.y, fmaxf(d[4 * j + 1], 0.f), part[qi][0][x]);
+        part[qi][1][x] = fmaf(wv.x, fmaxf(d[4 * j + 2], 0.f), part[qi][1][x]);
+        part[qi][1][x] = fmaf(wv.y, fmaxf(d[4 * j + 3], 0.f), part[qi][1][x]);
       }
     };
     for (int64_t i = 0; i < n_do; ++i) {
@@ -255,7 +264,9 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       const uint8_t* sc = scales + (i % C::kStages) * kScaleBytes;
       const float sk0 = e8m0_sel(sc[(16 * warp + g) * 16]), sk1 = e8m0_sel(sc[(16 * warp + g + 8) * 16]);
 #pragma unroll
-      for (int qi = 0; qi < kQ; ++qi) part[qi][0] = part[qi][1] = 0.f;
+      for (int qi = 0; qi < kQ; ++qi)
+#pragma unroll
+        for (int x = 0; x < kAcc; ++x) part[qi][0][x] = part[qi][1][x] = 0.f;
       wgmma::wait<1>();  // the first half (groups complete in order)
       epilogue_half(d0, 0);
       wgmma::wait<0>();
@@ -267,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       for (int qi = 0; qi < kQ; ++qi)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float v = part[qi][r];
+          float v = part[qi][r][0];
+#pragma unroll
+          for (int x = 1; x < kAcc; ++x) v += part[qi][r][x];
           v += __shfl_xor_sync(0xffffffffu, v, 1);
           v += __shfl_xor_sync(0xffffffffu, v, 2);
           const int64_t t = t0 + 8 * r;
