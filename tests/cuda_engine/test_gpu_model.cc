@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend/cpu/selection_margin.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
@@ -425,6 +426,16 @@ TEST_F(GpuEngine, RouterGemmChunkedPrefillMatchesCpu) {
 TEST_F(GpuEngine, MoePrefillBf16ChunkedPrefillMatchesCpu) {
   DSV4_REQUIRE_GPU();
   chunked_prefill_matches_cpu(200, " (bf16 MoE prefill)", [](gpu::GpuOptions& o) { o.moe_prefill_f16 = false; });
+}
+
+// GpuOptions::indexer_fp8_q (the CSA indexer's q in e4m3 on FP8 tensor cores, sm_90 only): the continuous model's
+// top-k keeps every entry, so the scores' precision cannot change its output and the bounds above hold. Runs the
+// kernel in the decode graphs (one query per CTA) and in the 200-token prefill chunks (four queries per CTA,
+// queries_share_keys); exact mode turns the option off (the selective run is the plain exact path again).
+TEST_F(GpuEngine, IndexerFp8QChunkedPrefillMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::indexer_fp8_q_supported()) GTEST_SKIP() << "indexer_fp8_q needs compute capability 9.0";
+  chunked_prefill_matches_cpu(200, " (indexer fp8 q)", [](gpu::GpuOptions& o) { o.indexer_fp8_q = true; });
 }
 
 // A prompt whose logits are all wanted, longer than the logits rows a step may carry (max_seqs + 512,
