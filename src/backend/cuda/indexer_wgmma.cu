@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
     const int64_t n_do = max(int64_t{0}, min(u1, (vmax + kM - 1) / kM) - u0);  // tiles with visible keys
 
     // Tile u0 + i into stage i % kStages. Warp w copies keys 16w .. 16w + 15 of the tile: lane l < 16 resolves
-    // key l's row, then 9 rounds of 32 lanes copy the 16 x 17 pieces in row order (coalesced).
+    // key l's row, then rounds of 32 lanes copy the 16 x 17 (8-byte) or 16 x 9 (16-byte) pieces in row order.
     // Tiles past n_do are zero-filled without reading memory; lanes past the last piece repeat it.
     auto issue = [&](int64_t i) {
       const int64_t t = (u0 + i) * kM + 16 * warp + (lane & 15);
@@ -335,6 +335,7 @@ bool fp8_q_supported() { return device_config().major == 9 && device_config().mi
 
 void launch_fp8_q(const IndexerArgs& a, cudaStream_t stream) {
   if (!fp8_q_supported()) fail("cuda::indexer_scores_fp8: fp8_q needs compute capability 9.0 (wgmma)");
+  if (a.n_keys > 0x7fffffffLL) fail("cuda::indexer_scores_fp8: fp8_q takes at most 2^31 - 1 keys (got ", a.n_keys, ")");
   // Four queries per CTA where consecutive queries share their key rows (prefill); one otherwise (decode).
   const bool shared = a.block_table == nullptr && (a.key_offset == nullptr || a.queries_share_keys);
   const bool p16 = a.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0;
