@@ -38,7 +38,7 @@ int cmd_run(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
           "kv-cache-dtype", "chunk", "tokenizer", "device", "max-model-len"},
-         {"help", "ids", "quiet", "act-quant"});
+         {"help", "ids", "quiet", "act-quant", "indexer-fp8-q"});
   if (a.has("help")) {
     std::printf(
         "dsv4 run [--model DIR] (--prompt TEXT | --prompt-ids 0,1,2) [--max-tokens 32]\n"
@@ -47,6 +47,7 @@ int cmd_run(int argc, char** argv) {
         "          cuda: N tokens per prefill step, 0 = 2048, 1 = token by token)]\n"
         "         [--device cpu|cuda] [--max-model-len N (cuda: positions to reserve, default 4096)]\n"
         "         [--act-quant (cpu: FP8 activations before the FP8 / MXFP4 linears, as DeepSeek's reference)]\n"
+        "         [--indexer-fp8-q (the CSA indexer's q in e4m3 per head, as vLLM; cuda: sm_90 with fp8 KV)]\n"
         "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
     return 0;
   }
@@ -54,6 +55,7 @@ int cmd_run(int argc, char** argv) {
   ro.kv_dtype = parse_kv_dtype(a.get("kv-cache-dtype", "bf16"));
   ro.device = a.get("device", "cpu");
   ro.act_quant = a.has("act-quant");
+  ro.indexer_fp8_q = a.has("indexer-fp8-q");
   ro.max_model_len = a.get_int("max-model-len", 0);
   if (ro.max_model_len < 0) fail("--max-model-len must be >= 0");
   SamplingParams sp;

@@ -13,6 +13,7 @@ EngineOptions engine_options(const RunnerOptions& o) {
   EngineOptions e;
   e.kv_dtype = o.kv_dtype;
   e.act_quant = o.act_quant;
+  e.indexer_fp8_q = o.indexer_fp8_q;
   return e;
 }
 
@@ -47,6 +48,7 @@ class GpuRunner : public Runner {
     g.max_seqs = 1;
     g.max_model_len = o.max_model_len > 0 ? o.max_model_len : 4096;
     g.prefill_chunk = o.prefill_chunk;
+    g.indexer_fp8_q = o.indexer_fp8_q;  // refused at load unless compute capability 9.0 and --kv-cache-dtype fp8
     g.progress = true;
     model_ = gpu::GpuModel::load(dir, g);
     seq_ = model_->new_sequence();

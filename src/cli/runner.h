@@ -30,6 +30,7 @@ struct RunnerOptions {
   int64_t max_model_len = 0;   // cuda: positions to reserve (0 = 4096)
   int prefill_chunk = 0;       // cuda: tokens per prefill step (GpuOptions::prefill_chunk; 0 or 1 = token by token)
   bool act_quant = false;      // cpu: EngineOptions::act_quant (the DeepSeek reference's FP8 activations)
+  bool indexer_fp8_q = false;  // EngineOptions / GpuOptions::indexer_fp8_q (the indexer's q in e4m3, as vLLM)
 };
 
 // Throws dsv4::Error naming the device when it is unknown or not built in.

@@ -11,6 +11,7 @@
 #include "backend/cpu/norm_rope.h"
 #include "backend/cpu/sparse_attention.h"
 #include "backend/cpu/topk.h"
+#include "core/numerics.h"
 #include "engine/model.h"
 #include "engine/plan.h"
 
@@ -101,6 +102,7 @@ void Model::attention(const LayerWeights& L, const Plan& plan, const float* xn, 
     iw.resize(T * IH);
     linear(L.index_wq_b, qr.data(), T, iq.data());
     for (int64_t th = 0; th < T * IH; ++th) rope(&iq[th * Id], Id, inv_freq, plan.pos[th / IH]);
+    if (opt_.indexer_fp8_q) act_quant_e4m3(iq.data(), T * IH * Id, static_cast<int>(Id), iq.data());  // per head
     linear(L.index_weights_proj, xn, T, iw.data());
     const float ws = 1.0f / std::sqrt(static_cast<float>(IH));
     for (float& v : iw) v *= ws;

@@ -23,6 +23,10 @@ struct EngineOptions {
   // Test reference of the GPU's bf16-activation mode (GpuOptions::f16_activations off): the input of every FP8 /
   // MXFP4 linear, wo_a included, rounded to bf16 (nearest even). Off (default): fp32. Not with act_quant.
   bool bf16_activations = false;
+  // The CSA indexer's q quantized per (token, head) to e4m3 with a power-of-two scale (act_quant_e4m3, block 128)
+  // before the scores, as vLLM and DeepGEMM run it (DeepSeek's own inference code simulates FP4 there): the CPU
+  // reference of GpuOptions::indexer_fp8_q. Off (default): fp32 q, as transformers.
+  bool indexer_fp8_q = false;
 };
 
 struct SeqChunk {

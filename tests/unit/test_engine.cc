@@ -107,6 +107,42 @@ TEST_F(DefaultModel, ActQuantIsPerTokenAndMovesLogitsByTheE4m3Rounding) {
   }
 }
 
+// EngineOptions::indexer_fp8_q (the indexer's q in e4m3 per head, the CPU reference of the GPU option): per token,
+// so chunking cannot change the logits; where the indexer's top-k keeps every entry the scores' precision cannot
+// matter, so the logits equal the fp32-q run's; with a top-k of 2 (the default model over 60 tokens: up to 15
+// entries) the scores choose, and the option must reach them: some logits move.
+TEST_F(DefaultModel, IndexerFp8QIsPerTokenAndOnlyMovesTheSelection) {
+  EngineOptions q;
+  q.indexer_fp8_q = true;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 60; ++i) ids.push_back((i * 53 + 17) % 129280);
+  for (int topk : {4096, 2}) {
+    nlohmann::json cfg = nlohmann::json::parse(default_model_config_json());
+    cfg["index_topk"] = topk;
+    testing::TempDir dir("engine_indexer_fp8_q");
+    write_random_checkpoint(cfg.dump(), dir.str(), RandomCheckpointOptions{});
+    auto m = Model::load(dir.str(), q), plain = Model::load(dir.str());
+    auto whole = m->new_sequence();
+    const std::vector<float> a = run(*m, *whole, ids);
+    auto chunked = m->new_sequence();
+    std::vector<float> b;
+    for (size_t i = 0; i < ids.size(); i += 7) {
+      const std::vector<int32_t> part(ids.begin() + i, ids.begin() + std::min(ids.size(), i + 7));
+      const std::vector<float> l = run(*m, *chunked, part);
+      b.insert(b.end(), l.begin(), l.end());
+    }
+    EXPECT_EQ(a, b) << "indexer_fp8_q logits depend on the chunking (top-k " << topk << ")";
+    auto ps = plain->new_sequence();
+    const std::vector<float> p = run(*plain, *ps, ids);
+    ASSERT_EQ(a.size(), p.size());
+    size_t moved = 0;
+    for (size_t i = 0; i < a.size(); ++i) moved += a[i] != p[i];
+    std::printf("index_topk %d: indexer_fp8_q moved %zu of %zu logits\n", topk, moved, a.size());
+    if (topk == 4096) EXPECT_EQ(moved, 0u) << "the top-k keeps everything, yet q's precision changed the logits";
+    else EXPECT_GT(moved, 0u) << "indexer_fp8_q did not reach the indexer's choices";
+  }
+}
+
 // EngineOptions::bf16_activations (the reference of the GPU's bf16-activation mode): also per token, so chunking
 // does not change the logits; it changes them against fp32; and it refuses to combine with act_quant.
 TEST_F(DefaultModel, Bf16ActivationsArePerTokenAndExclusiveWithActQuant) {
