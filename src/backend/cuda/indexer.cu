@@ -446,7 +446,8 @@ void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t
 namespace idx {
 KeySplit split_keys(int64_t slots, int64_t groups, int64_t n_units, int workers, int64_t min_units) {
   KeySplit k;
-  k.ctas = std::max<int64_t>(1, std::min<int64_t>(slots / groups, (n_units + workers * min_units - 1) / (workers * min_units)));
+  const int64_t most = (n_units + workers * min_units - 1) / (workers * min_units);  // >= min_units each
+  k.ctas = std::max<int64_t>(1, std::min<int64_t>(slots / groups, most));
   k.units_per_worker = std::max<int64_t>(1, (n_units + k.ctas * workers - 1) / (k.ctas * workers));
   k.ctas = std::max<int64_t>(1, (n_units + k.units_per_worker * workers - 1) / (k.units_per_worker * workers));
   return k;
@@ -497,7 +498,8 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
   const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
   const int per_sm =
       std::min(4, fp4 ? stream_ctas_per_sm<IndexerKeyFormat::kMXFP4>() : stream_ctas_per_sm<IndexerKeyFormat::kFP8>());
-  const idx::KeySplit sp = idx::split_keys(static_cast<int64_t>(per_sm) * dev.sm_count, a.n_queries, n_units, kWarps, kMinUnits);
+  const idx::KeySplit sp =
+      idx::split_keys(static_cast<int64_t>(per_sm) * dev.sm_count, a.n_queries, n_units, kWarps, kMinUnits);
   const int64_t per_query = sp.ctas, units_per_warp = sp.units_per_worker;
   if (per_query > 0x7fffffffLL) fail("cuda::indexer_scores_fp8: too many keys (", a.n_keys, ")");
   const dim3 grid(static_cast<unsigned>(per_query), static_cast<unsigned>(a.n_queries));

@@ -1,5 +1,6 @@
 // Device pieces shared by the lightning-indexer kernels (indexer.cu: the streaming and exact_q kernels;
-// indexer_wgmma.cu: the FP8 tensor-core kernel): key-row addressing and the cp.async copy.
+// indexer_wgmma.cu: the FP8 tensor-core kernel): key-row addressing (the wgmma kernel inlines a 32-bit,
+// branch-free form of it: a branch inside its MMA pipeline would serialize the MMAs) and the cp.async copy.
 #pragma once
 #include <cstdint>
 

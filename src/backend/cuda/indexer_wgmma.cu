@@ -11,8 +11,8 @@
 //    4g + c) then holds keys 16w + g and 16w + g + 8 against heads 8j + 2c + {0, 1} of every n8 block j, so the
 //    head sum is 16 products per (key, query) in the thread plus two shuffles over c: no shared-memory reduction.
 //  * Score = s_key * d^-0.5 * sum_h w'_h ReLU(acc_h): the key's UE8M0 scale also commutes with the ReLU.
-//  * Each warpgroup streams its own run of 64-key tiles through a ring of kStages stages (cp.async, 8- or 16-byte pieces
-//    in the swizzled order, zero-filled past the visible keys), one named barrier per tile. Two warpgroups per
+//  * Each warpgroup streams its own run of 64-key tiles through a ring of kStages stages (cp.async, 8- or 16-byte
+//    pieces//    in the swizzled order, zero-filled past the visible keys), one named barrier per tile. Two warpgroups per
 //    CTA share q; while one runs its epilogue the other's MMAs run.
 //  * kQ = 4 (prefill: consecutive queries over the same key rows) or 1 (decode: every query its own keys). A CTA
 //    of kQ queries loads a tile once for all queries whose key rows coincide (equal key_offset; block tables only
@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       for (int e = tid & 127; e < kM * kQ; e += 128) {
         const int qi = e / kM;
         const int64_t t = (u0 + i) * kM + e % kM;
-        if (((mask >> qi) & 1) && t < a.n_keys) a.scores[static_cast<int64_t>(s0 + qi) * a.score_stride + t] = -INFINITY;
+        if (((mask >> qi) & 1) && t < a.n_keys)
+          a.scores[static_cast<int64_t>(s0 + qi) * a.score_stride + t] = -INFINITY;
       }
     wg_barrier(wg);  // the ring is free before the next pass refills it
   }
@@ -308,10 +309,11 @@ template <int kQ, bool kPaged, int kPiece>
 void launch_q(const IndexerArgs& a, cudaStream_t stream) {
   using C = Cfg<kQ>;
   static const int per_sm = [] {
-    check(cudaFuncSetAttribute(indexer_wgmma_kernel<kQ, kPaged, kPiece>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
+    constexpr auto kernel = indexer_wgmma_kernel<kQ, kPaged, kPiece>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
           "indexer_wgmma smem attribute");
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_wgmma_kernel<kQ, kPaged, kPiece>, kThreads, C::kSmem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, C::kSmem),
           "indexer_wgmma occupancy");
     if (blocks < 1) fail("cuda::indexer_scores_fp8: the FP8 tensor-core kernel does not fit an SM of this device");
     return blocks;
@@ -324,7 +326,8 @@ void launch_q(const IndexerArgs& a, cudaStream_t stream) {
                                  (a.n_keys + kM - 1) / kM, kWG, kMinTiles);
   const int64_t per_group = sp.ctas, tiles_per_wg = sp.units_per_worker;
   if (per_group > 0x7fffffffLL || groups > 65535) fail("cuda::indexer_scores_fp8: too many keys or queries");
-  check(cuda::launch(indexer_wgmma_kernel<kQ, kPaged, kPiece>, dim3(static_cast<unsigned>(per_group), static_cast<unsigned>(groups)),
+  const dim3 grid(static_cast<unsigned>(per_group), static_cast<unsigned>(groups));
+  check(cuda::launch(indexer_wgmma_kernel<kQ, kPaged, kPiece>, grid,
                      dim3(kThreads), C::kSmem, stream, a, tiles_per_wg),
         "indexer_wgmma_kernel launch");
 }
