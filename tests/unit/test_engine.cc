@@ -33,6 +33,17 @@ class DefaultModel : public ::testing::Test {
     b[0].all_logits = all;
     return m.forward(b)[0].logits;
   }
+  // `ids` fed to a new sequence of m in pieces of `chunk` tokens: the logits of every token, concatenated.
+  static std::vector<float> run_in_chunks(const Model& m, const std::vector<int32_t>& ids, size_t chunk) {
+    auto s = m.new_sequence();
+    std::vector<float> out;
+    for (size_t i = 0; i < ids.size(); i += chunk) {
+      const std::vector<float> l =
+          run(m, *s, std::vector<int32_t>(ids.begin() + i, ids.begin() + std::min(ids.size(), i + chunk)));
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    return out;
+  }
 };
 testing::TempDir* DefaultModel::dir_ = nullptr;
 
@@ -84,13 +95,7 @@ TEST_F(DefaultModel, ActQuantIsPerTokenAndMovesLogitsByTheE4m3Rounding) {
     auto m = Model::load(dir, q), plain = Model::load(dir);
     auto whole = m->new_sequence();
     const std::vector<float> a = run(*m, *whole, ids);
-    auto chunked = m->new_sequence();
-    std::vector<float> b;
-    for (size_t i = 0; i < ids.size(); i += 7) {
-      const std::vector<int32_t> part(ids.begin() + i, ids.begin() + std::min(ids.size(), i + 7));
-      const std::vector<float> l = run(*m, *chunked, part);
-      b.insert(b.end(), l.begin(), l.end());
-    }
+    const std::vector<float> b = run_in_chunks(*m, ids, 7);
     EXPECT_EQ(a, b) << "act_quant logits depend on the chunking";
     auto ps = plain->new_sequence();
     const std::vector<float> p = run(*plain, *ps, ids);
@@ -124,13 +129,7 @@ TEST_F(DefaultModel, IndexerFp8QIsPerTokenAndOnlyMovesTheSelection) {
     auto m = Model::load(dir.str(), q), plain = Model::load(dir.str());
     auto whole = m->new_sequence();
     const std::vector<float> a = run(*m, *whole, ids);
-    auto chunked = m->new_sequence();
-    std::vector<float> b;
-    for (size_t i = 0; i < ids.size(); i += 7) {
-      const std::vector<int32_t> part(ids.begin() + i, ids.begin() + std::min(ids.size(), i + 7));
-      const std::vector<float> l = run(*m, *chunked, part);
-      b.insert(b.end(), l.begin(), l.end());
-    }
+    const std::vector<float> b = run_in_chunks(*m, ids, 7);
     EXPECT_EQ(a, b) << "indexer_fp8_q logits depend on the chunking (top-k " << topk << ")";
     auto ps = plain->new_sequence();
     const std::vector<float> p = run(*plain, *ps, ids);
@@ -153,13 +152,7 @@ TEST_F(DefaultModel, Bf16ActivationsArePerTokenAndExclusiveWithActQuant) {
   for (int i = 0; i < 24; ++i) ids.push_back((i * 53 + 17) % 129280);
   auto whole = m->new_sequence();
   const std::vector<float> a = run(*m, *whole, ids);
-  auto chunked = m->new_sequence();
-  std::vector<float> b;
-  for (size_t i = 0; i < ids.size(); i += 5) {
-    const std::vector<float> l =
-        run(*m, *chunked, std::vector<int32_t>(ids.begin() + i, ids.begin() + std::min(ids.size(), i + 5)));
-    b.insert(b.end(), l.begin(), l.end());
-  }
+  const std::vector<float> b = run_in_chunks(*m, ids, 5);
   EXPECT_EQ(a, b) << "bf16-activation logits depend on the chunking";
   auto ps = plain->new_sequence();
   EXPECT_NE(a, run(*plain, *ps, ids)) << "bf16_activations changed nothing";
