@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -188,8 +189,14 @@ void bench_post(int T, int64_t D) {
 
 }  // namespace
 
-int main() {
+// --hc-only T D: hc_pre with T tokens of dim D alone (for Nsight Compute; run_compressor_mhc.sh MHC_NCU).
+int main(int argc, char** argv) {
   device_config();
+  if (argc > 3 && std::string(argv[1]) == "--hc-only") {
+    bench_hc(false, std::atoi(argv[2]), std::atoll(argv[3]));
+    for (const std::string& r : g_rows) std::printf("%s\n", r.c_str());
+    return 0;
+  }
   bench_copy();
   std::printf("| kernel | case | us | GB/s | of copy bw |\n| --- | --- | ---: | ---: | ---: |\n");
   for (int T : {4096, 16384}) {
@@ -203,7 +210,9 @@ int main() {
     bench_compressor(4, 128, true, n);
   }
   for (int T : {1, 64, 256, 2048}) bench_hc(false, T, 7168);
+  for (int T : {2048, 8192}) bench_hc(false, T, 4096);  // V4-Flash width: a prefill chunk of 2048, and 8192
   for (int T : {1, 256}) bench_hc(true, T, 7168);
+  bench_hc(true, 2048, 4096);
   for (int T : {1, 64, 256, 2048}) bench_post(T, 7168);
   std::printf("\ncopy bandwidth (read + write): %.0f GB/s\n| kernel | case | us | GB/s | of copy bw |\n"
               "| --- | --- | ---: | ---: | ---: |\n", g_copy_gbs);

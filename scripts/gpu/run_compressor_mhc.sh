@@ -2,6 +2,8 @@
 # Builds the compressor and mHC kernels, runs their GPU tests and benchmark, prints a short table last.
 # Usage (on the GPU machine, from the repository root): scripts/gpu/run_compressor_mhc.sh
 # Logs go to $OUT (default: build-cmhc-gpu/out). Architectures: DSV4_CUDA_ARCHS (default 90a).
+# MHC_BASE=REV also builds the benchmark at git revision REV (a worktree; needs the repository's .git) and runs
+# it right after this tree's, so both tables come from the same machine and run.
 # GTest / nlohmann_json for an image that lacks them: carry [".gpu-deps"] (scripts/gpu/stage_deps.sh).
 set -uo pipefail
 RESULTS=${OUT:-build-cmhc-gpu/out}
@@ -29,7 +31,32 @@ for t in $TESTS; do
   summary+="$t: $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED|SEED|sinkhorn' "$RESULTS/$t.log" | tr '\n' ' ') rc=$rc"$'\n'
 done
 "$BUILD/bench/cuda/bench_cuda_compressor_mhc" > "$RESULTS/bench.log" 2>&1 || { echo "bench failed"; tail "$RESULTS/bench.log"; status=1; }
+# MHC_NCU="T:D ...": Nsight Compute on the second hc_pre call (its kernels) of `bench --hc-only T D`.
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+for spec in ${MHC_NCU:-}; do
+  T=${spec%:*}; D=${spec#*:}
+  timeout 200 "$NCU" --kernel-name-base demangled -k "regex:hc_(mix_tc|collapse)" --launch-skip 2 \
+    --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section LaunchStats \
+    "$BUILD/bench/cuda/bench_cuda_compressor_mhc" --hc-only "$T" "$D" > "$RESULTS/ncu_hc_${T}_$D.txt" 2>&1
+  echo "== ncu hc_pre T=$T D=$D rc=$?"
+  grep -E "^  [a-z_ ]+<|^  void|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Issue Slots Busy|highest-utilized|ERR|rror" \
+    "$RESULTS/ncu_hc_${T}_$D.txt" | sed -E 's/  +/ /g; s/\(const float \*.*//; s/dsv4::cuda::mhc::<unnamed>:://' | cut -c1-120 | head -24
+done
+if [ -n "${MHC_BASE:-}" ]; then
+  base_tree=/tmp/dsv4-base-$MHC_BASE
+  { git worktree add -f "$base_tree" "$MHC_BASE" &&
+    cmake -S "$base_tree" -B "$base_tree/build" -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} &&
+    cmake --build "$base_tree/build" -j "$JOBS" --target bench_cuda_compressor_mhc; } > "$RESULTS/base_build.log" 2>&1 &&
+    "$base_tree/build/bench/cuda/bench_cuda_compressor_mhc" > "$RESULTS/bench_base.log" 2>&1 ||
+    { echo "base bench ($MHC_BASE) failed"; tail -5 "$RESULTS/base_build.log"; }
+fi
 cat "$RESULTS/gpu.txt"; date -u
 printf '%s' "$summary"
 sed -n '/^copy bandwidth/,$p' "$RESULTS/bench.log" | tail -n +2 | sed -n '/^copy bandwidth/,$p'
+if [ -s "$RESULTS/bench_base.log" ]; then
+  echo "base $MHC_BASE:"
+  sed -n '/^copy bandwidth/,$p' "$RESULTS/bench_base.log" | grep -E "copy bandwidth|hc_"
+fi
 exit $status

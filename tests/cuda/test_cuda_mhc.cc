@@ -124,9 +124,24 @@ TEST(CudaMhc, Pre) {
   run_pre(1, 7168, false, s);
   run_pre(5, 4096, false, s + 1);
   run_pre(8, 4096, false, s + 4);  // the last token count of the decode mix kernel
-  run_pre(9, 4096, false, s + 5);  // the first of the CTA-per-32-tokens one
+  run_pre(9, 4096, false, s + 5);  // the first of the tensor-core path (mhc_prefill.cu)
   run_pre(77, 7168, false, s + 2);
-  run_pre(300, 96, false, s + 3);
+  run_pre(300, 96, false, s + 3);  // K = 384: 6 chunks of 64 k, fewer than the split wants
+}
+
+// The tensor-core path's tile and split boundaries: 16-token groups, 64-token CTAs, the K split (up to one
+// wave of CTAs), a K range of one chunk (D = 32), and a chunk of many tiles. The 2e-5 bound would fail plain
+// TF32 (mixes off by ~1e-3 relative).
+TEST(CudaMhc, PrefillTileBoundaries) {
+  DSV4_REQUIRE_GPU();
+  const uint64_t s = cuda_test::test_seed() + 500;
+  int i = 0;
+  for (int T : {16, 17, 63, 64, 65, 129}) run_pre(T, 4096, false, s + i++);
+  run_pre(40, 32, false, s + i++);
+  run_pre(1000, 4096, false, s + i++);
+  run_pre(1000, 4096, false, s + i++, true);
+  run_pre(129, 4096, true, s + i++);
+  run_pre(65, 32, true, s + i++, true);
 }
 
 TEST(CudaMhc, PreAndHeadWithFusedNormAndBf16) {

@@ -1,10 +1,11 @@
 // Device pieces shared by the lightning-indexer kernels (indexer.cu: the streaming and exact_q kernels;
 // indexer_wgmma.cu: the FP8 tensor-core kernel): key-row addressing (the wgmma kernel inlines a 32-bit,
-// branch-free form of it: a branch inside its MMA pipeline would serialize the MMAs) and the cp.async copy.
+// branch-free form of it: a branch inside its MMA pipeline would serialize the MMAs).
 #pragma once
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dsv4::cuda::idx {
 
@@ -21,12 +22,6 @@ __device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, i
   return a.keys + r * a.row_bytes;
 }
 
-// Asynchronous global -> shared copy of kBytes (4, 8 or 16); src_bytes = 0 zero-fills the destination.
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
-               : "memory");
-}
+using ptx::cp_async;  // the wgmma kernel and the streaming kernel copy with it
 
 }  // namespace dsv4::cuda::idx

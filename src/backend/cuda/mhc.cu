@@ -1,20 +1,16 @@
 // mHC (spec dsv4-model.md 2.3, 2.6; reference cpu::hc_pre / hc_post / hc_head / sinkhorn).
 //
 // hc_pre / hc_head: mixes = (X · fnᵀ) · rsqrt(mean(X²) + eps) is a skinny GEMM [T, 4D] x [4D, M] (M = 24 or 4)
-// plus the sum of squares; it runs as split-K on CUDA cores in fp32 (the reference is fp32; TF32 tensor cores
-// would move mixes by ~1e-3):
-//   1. hc_mix_kernel: CTA = 32 tokens x one K range (256 threads, 8 warps). K is walked in chunks of 128: the
-//      chunk of h [32 tok][128] and of fn [M][128] is staged in shared memory (the next chunk is prefetched into
-//      registers while the current one is used). Lane = token, warp = 16 of the 128 k: each lane reads its
-//      token's h as float4 (row stride 132 floats: conflict-free) and fn as float4 broadcasts, 4 FMAs per shared
-//      load. Warps are then summed through shared memory in a fixed order and the CTA writes M+1 partials
-//      (mixes, sum of squares) per token to the workspace [KS][T][M+1].
-//      Up to 8 tokens (decode) hc_mix_small_kernel instead: a warp per K range, lanes along k, tokens looped.
+// plus the sum of squares, then the coefficients and x = Σ_j pre_j h_j. Above kHcFusedPostTokens tokens
+// (prefill) it runs on the tensor cores (mhc_prefill.cu). Up to that (decode), in fp32 on CUDA cores:
+//   1. hc_mix_small_kernel: a warp per K range, lanes along k, tokens looped; M+1 partials (mixes, sum of
+//      squares) per token and K range to the workspace [KS][T][M+1]. It can first form the previous
+//      sub-layer's hc_post (HcArgs::prev_*).
 //   2. hc_finish_kernel: CTA = one token (512 threads): sums the KS partials (fixed order), applies the norm,
 //      sigmoids and (hc_pre, warp 15 alone) Sinkhorn in fp32 on 16 lanes, while warps 0..14 form
 //      x = Σ_j pre_j h_j, and optionally the sub-layer's RMSNorm and bf16 / f16 copies of x (HcArgs::norm_w,
-//      xb, xh: one kernel instead of three).
-//      This re-reads h; for batches up to ~300 tokens (h <= ~35 MB) that read hits L2.
+//      xb, xh: one kernel instead of three). This re-reads h, from L2 at these sizes.
+//   At one token with HcArgs::counter both run as one kernel (hc_one_token_kernel).
 // hc_post: pure streaming, one float4 of D per thread for all 4 output streams.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,113 +20,17 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/kernels_compressor_mhc.h"
+#include "backend/cuda/mhc_common.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kN = 4;             // hc_mult
-constexpr int kTok = 32;          // tokens per CTA (one per lane)
-constexpr int kKc = 128;          // k per chunk
-constexpr int kThreads = 256;     // 8 warps x 16 k
-constexpr int kHStride = kKc + 4; // floats per staged token row
-constexpr int kMaxMix = (2 + kN) * kN;  // 24
+using namespace mhc;            // kN, kMaxMix, kMaxKs, sigmoidf, sinkhorn_lane, store_x (mhc_common.cuh)
+constexpr int kKc = 128;        // k per chunk of the decode mix
 
-constexpr int kMaxKs = 128;  // split-K partials per token: chunks / 2 <= 4 * 7168 / 128 / 2 = 112
-
-int split_k(int n_tokens, int64_t dim) {
-  const int tiles = (n_tokens + kTok - 1) / kTok;
-  const int chunks = static_cast<int>(kN * dim / kKc);
-  const int want = (2 * device_config().sm_count + tiles - 1) / tiles;
-  // >= 2 chunks per CTA: at one token the mix is a latency chain of chunk loads, so more CTAs with fewer
-  // chunks each; the finish kernel loads the partials in parallel.
-  return std::max(1, std::min({want, chunks / 2, kMaxKs}));
-}
-
-template <int M>
-__global__ void __launch_bounds__(kThreads) hc_mix_kernel(const float* __restrict__ h, const float* __restrict__ fn,
-                                                          int n_tokens, int64_t K, int ks_count,
-                                                          float* __restrict__ ws) {
-  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  // Staging (sh + sf) and the final cross-warp reduction share one buffer.
-  constexpr int kStage = kTok * kHStride + M * kKc;
-  constexpr int kRed = 8 * (M + 1) * kTok;
-  __shared__ __align__(16) float smem[kStage > kRed ? kStage : kRed];
-  float* sh = smem;                    // [32][132]
-  float* sf = smem + kTok * kHStride;  // [M][128]
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int t0 = blockIdx.x * kTok;
-  const int64_t n_chunks = K / kKc;
-  const int64_t c_begin = n_chunks * blockIdx.y / ks_count, c_end = n_chunks * (blockIdx.y + 1) / ks_count;
-
-  constexpr int kHLoads = kTok * kKc / 4 / kThreads;            // 4 float4 per thread
-  constexpr int kFLoads = (M * kKc / 4 + kThreads - 1) / kThreads;  // 3 (M=24) or 1 (M=4)
-  float4 ph[kHLoads], pf[kFLoads];
-  auto prefetch = [&](int64_t chunk) {
-    const int64_t k0 = chunk * kKc;
-#pragma unroll
-    for (int q = 0; q < kHLoads; ++q) {
-      const int i = tid + q * kThreads, tok = i / (kKc / 4), k4 = i % (kKc / 4);
-      ph[q] = t0 + tok < n_tokens ? __ldg(reinterpret_cast<const float4*>(h + (t0 + tok) * K + k0) + k4)
-                                  : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int q = 0; q < kFLoads; ++q) {
-      const int i = tid + q * kThreads, m = i / (kKc / 4), k4 = i % (kKc / 4);
-      pf[q] = m < M ? __ldg(reinterpret_cast<const float4*>(fn + m * K + k0) + k4) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  };
-  auto stage = [&]() {
-#pragma unroll
-    for (int q = 0; q < kHLoads; ++q) {
-      const int i = tid + q * kThreads, tok = i / (kKc / 4), k4 = i % (kKc / 4);
-      reinterpret_cast<float4*>(sh + tok * kHStride)[k4] = ph[q];
-    }
-#pragma unroll
-    for (int q = 0; q < kFLoads; ++q) {
-      const int i = tid + q * kThreads, m = i / (kKc / 4), k4 = i % (kKc / 4);
-      if (m < M) reinterpret_cast<float4*>(sf + m * kKc)[k4] = pf[q];
-    }
-  };
-
-  float acc[M], ss = 0.f;
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
-  if (c_begin < c_end) prefetch(c_begin);
-  for (int64_t chunk = c_begin; chunk < c_end; ++chunk) {
-    __syncthreads();  // previous chunk consumed
-    stage();
-    __syncthreads();
-    if (chunk + 1 < c_end) prefetch(chunk + 1);
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const int k4 = warp * 4 + g;
-      const float4 hv = reinterpret_cast<const float4*>(sh + lane * kHStride)[k4];
-      ss += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float4 f = reinterpret_cast<const float4*>(sf + m * kKc)[k4];
-        acc[m] += hv.x * f.x + hv.y * f.y + hv.z * f.z + hv.w * f.w;
-      }
-    }
-  }
-  __syncthreads();
-  float* red = smem;  // [8 warps][M+1][32 tokens]
-#pragma unroll
-  for (int m = 0; m < M; ++m) red[(warp * (M + 1) + m) * kTok + lane] = acc[m];
-  red[(warp * (M + 1) + M) * kTok + lane] = ss;
-  __syncthreads();
-  for (int i = tid; i < (M + 1) * kTok; i += kThreads) {
-    const int m = i / kTok, tok = i % kTok;
-    float s = 0.f;
-    for (int w = 0; w < 8; ++w) s += red[(w * (M + 1) + m) * kTok + tok];
-    if (t0 + tok < n_tokens) ws[(static_cast<int64_t>(blockIdx.y) * n_tokens + t0 + tok) * (M + 1) + m] = s;
-  }
-}
-
-// Decode (few tokens): the CTA-per-32-tokens kernel above leaves 31 of 32 lanes idle at one token. Here a
-// warp owns cpw chunks of 128 k (lane = 4 consecutive k, float4 loads of fn and h straight from global),
-// loops over the tokens, and reduces its M + 1 sums across lanes (butterfly, fixed order): one partial per
+// Decode (few tokens): a warp owns cpw chunks of 128 k (lane = 4 consecutive k, float4 loads of fn and h
+// straight from global), loops over the tokens, and reduces its M + 1 sums across lanes (butterfly, fixed order): one partial per
 // warp and token in the same workspace layout [KS][T][M+1] (KS = the number of warps). It runs for up to
 // kHcFusedPostTokens tokens (kernels_compressor_mhc.h), the range in which it also fuses the pending hc_post.
 constexpr int kSmallMixWarps = 1;  // one warp per CTA: the K ranges spread over as many SMs
@@ -216,38 +116,6 @@ __global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(HcArg
   for (int t = 0; t < a.n_tokens; ++t) mix_token<M>(a, w, cpw, t);
 }
 
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// Sinkhorn of one 4x4 matrix held by 16 consecutive lanes (lane l holds c[l/4][l%4]); every lane of the warp
-// must call it. The steps are cpu::sinkhorn's; only the 4-term sums are pairwise (butterfly shuffles) instead of
-// sequential, so results differ from the CPU in the last bits. 40 dependent divisions instead of 640 serial
-// ones in one thread.
-__device__ __forceinline__ float sinkhorn_lane(float c, int iters, float eps) {
-  constexpr unsigned kAll = 0xffffffffu;
-  float mx = fmaxf(c, __shfl_xor_sync(kAll, c, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 2));
-  const float e = expf(c - mx);
-  float s = e + __shfl_xor_sync(kAll, e, 1);
-  s += __shfl_xor_sync(kAll, s, 2);
-  c = e / s + eps;
-  auto col = [&] {
-    float t = c + __shfl_xor_sync(kAll, c, 4);
-    t += __shfl_xor_sync(kAll, t, 8);
-    c /= (t + eps);
-  };
-  auto row = [&] {
-    float t = c + __shfl_xor_sync(kAll, c, 1);
-    t += __shfl_xor_sync(kAll, t, 2);
-    c /= (t + eps);
-  };
-  col();
-  for (int it = 0; it < iters - 1; ++it) {
-    row();
-    col();
-  }
-  return c;
-}
-
 constexpr int kFinThreads = 512;
 constexpr int kFinX = kFinThreads - 32;  // warps 0..14 compute x; warp 15 runs hc_pre's post / Sinkhorn meanwhile
 constexpr int kFinVec = 4;               // float4s of D per x thread: D <= 4 * 4 * 480 = 7680 (validate: <= 7168)
@@ -268,15 +136,8 @@ __device__ __forceinline__ void finish_x(const HcArgs& a, int t, const float4 (&
   double ss = 0.0;
 #pragma unroll
   for (int i = 0; i < kFinVec; ++i) {
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      const float4 v = hv[i][j];
-      s.x += p[j] * v.x; s.y += p[j] * v.y; s.z += p[j] * v.z; s.w += p[j] * v.w;
-    }
-    xv[i] = s;
-    ss += static_cast<double>(s.x) * s.x + static_cast<double>(s.y) * s.y + static_cast<double>(s.z) * s.z +
-          static_cast<double>(s.w) * s.w;
+    xv[i] = combine_streams(p, hv[i]);
+    ss += sum_squares(xv[i]);
   }
   float rn = 1.0f;
   if (a.norm_w) {
@@ -290,23 +151,7 @@ __device__ __forceinline__ void finish_x(const HcArgs& a, int t, const float4 (&
 #pragma unroll
   for (int i = 0; i < kFinVec; ++i) {
     const int64_t d4 = tid + static_cast<int64_t>(i) * kFinX;
-    if (d4 >= D4) continue;
-    float4 v = xv[i];
-    if (a.norm_w) {
-      const float4 w = __ldg(reinterpret_cast<const float4*>(a.norm_w) + d4);
-      v = make_float4(w.x * (v.x * rn), w.y * (v.y * rn), w.z * (v.z * rn), w.w * (v.w * rn));
-    }
-    reinterpret_cast<float4*>(a.x + t * D)[d4] = v;
-    if (a.xb) {
-      __nv_bfloat162* xb = reinterpret_cast<__nv_bfloat162*>(a.xb + t * D + 4 * d4);
-      xb[0] = __floats2bfloat162_rn(v.x, v.y);
-      xb[1] = __floats2bfloat162_rn(v.z, v.w);
-    }
-    if (a.xh) {
-      __half2* xh = reinterpret_cast<__half2*>(a.xh + t * D + 4 * d4);
-      xh[0] = __floats2half2_rn(v.x, v.y);
-      xh[1] = __floats2half2_rn(v.z, v.w);
-    }
+    if (d4 < D4) store_x(a, t, d4, xv[i], rn);
   }
 }
 
@@ -455,29 +300,23 @@ void validate(const HcArgs& a, const char* who, bool pre) {
 template <int M>
 void run_hc(const HcArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return;
-  int ks;
+  if (a.n_tokens > kHcFusedPostTokens) {  // prefill: the tensor-core path (mhc_prefill.cu)
+    if (a.prev_y)  // the previous hc_post as its own launch
+      hc_post(a.n_tokens, a.dim, a.n, a.prev_y, a.prev_res, a.prev_post, a.prev_comb, const_cast<float*>(a.h), stream);
+    if constexpr (M == kMaxMix) prefill_pre(a, stream);
+    else prefill_head(a, stream);
+    return;
+  }
+  const int ks = small_mix_ks(a.dim);
   if (a.n_tokens == 1 && a.counter) {
-    ks = small_mix_ks(a.dim);
     check(launch(hc_one_token_kernel<M>, dim3(ks), dim3(kFinThreads), 0, stream, a, small_mix_cpw(a.dim), ks),
           "hc_one_token_kernel launch");
     return;
   }
-  if (a.n_tokens <= kHcFusedPostTokens) {
-    ks = small_mix_ks(a.dim);
-    check(launch(hc_mix_small_kernel<M>, dim3((ks + kSmallMixWarps - 1) / kSmallMixWarps), dim3(kSmallMixWarps * 32),
-                 0, stream, a, small_mix_cpw(a.dim), ks),
-          "hc_mix_small_kernel launch");
-  } else {
-    if (a.prev_y)  // the previous hc_post as its own launch
-      hc_post(a.n_tokens, a.dim, a.n, a.prev_y, a.prev_res, a.prev_post, a.prev_comb, const_cast<float*>(a.h), stream);
-    ks = split_k(a.n_tokens, a.dim);
-    dim3 g1((a.n_tokens + kTok - 1) / kTok, ks);
-    check(launch(hc_mix_kernel<M>, dim3(g1), dim3(kThreads), 0, stream, a.h, a.fn, a.n_tokens, kN * a.dim, ks,
-                 static_cast<float*>(a.workspace)),
-          "hc_mix_kernel launch");
-  }
-  const dim3 g2(a.n_tokens);
-  check(launch(hc_finish_kernel<M>, dim3(g2), dim3(kFinThreads), 0, stream, a, ks), "hc_finish_kernel launch");
+  check(launch(hc_mix_small_kernel<M>, dim3((ks + kSmallMixWarps - 1) / kSmallMixWarps), dim3(kSmallMixWarps * 32),
+               0, stream, a, small_mix_cpw(a.dim), ks),
+        "hc_mix_small_kernel launch");
+  check(launch(hc_finish_kernel<M>, dim3(a.n_tokens), dim3(kFinThreads), 0, stream, a, ks), "hc_finish_kernel launch");
 }
 
 }  // namespace
@@ -488,8 +327,9 @@ size_t hc_workspace_bytes(int n_tokens, int64_t dim) {
   // the largest over every count a caller sized for n_tokens may launch with.
   size_t most = 0;
   for (int t = 1; t <= n_tokens; ++t) {
-    const int ks = t <= kHcFusedPostTokens ? small_mix_ks(dim) : split_k(t, dim);
-    most = std::max(most, static_cast<size_t>(ks) * t * (kMaxMix + 1) * sizeof(float));
+    most = std::max(most, t <= kHcFusedPostTokens
+                              ? static_cast<size_t>(small_mix_ks(dim)) * t * (kMaxMix + 1) * sizeof(float)
+                              : prefill_workspace_bytes(t, dim));
   }
   return most;
 }

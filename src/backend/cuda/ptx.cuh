@@ -1,5 +1,5 @@
-// Device helpers shared by the attention-path kernels (indexer.cu, sparse_attention.cu): exact scalar
-// decoding, the m16n8k16 tensor-core MMAs, cp.async group control, and the bf16 hi + lo split; and the one
+// Device helpers shared by the attention-path and mHC kernels: exact scalar decoding, the m16n8k16 and
+// m16n8k8 (tf32) tensor-core MMAs, cp.async copies and group control, the bf16 and tf32 hi + lo splits; and the one
 // float -> 16-bit activation rounding of every kernel that writes a copy for a GEMV (glue, gemv, moe).
 #pragma once
 #include <cuda_bf16.h>
@@ -36,6 +36,33 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a b on the tensor cores, tf32 operands (fp32 registers with their low 13 bits clear), fp32 accumulation.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The 3xTF32 operands of x (a b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b), with integer ops: cvt.rna.tf32.f32 is a
+// ~10-instruction sequence on sm_90, which made the splits most of the mHC mix kernel's instructions. hi = x
+// rounded to tf32 (half away from zero; low 13 bits clear), lo = x - hi (exact in fp32, |lo| <= 2^-11 |x|)
+// truncated to tf32: x = hi + lo + r, |r| <= 2^-21 |x|; with the dropped lo lo term each product is within
+// ~2^-20 of fp32's. A non-finite x gives non-finite products.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+}
+
+// Asynchronous global -> shared copy of kBytes (4, 8 or 16); src_bytes = 0 zero-fills the destination.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
+               : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
