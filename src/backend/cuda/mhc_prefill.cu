@@ -229,7 +229,7 @@ __device__ __forceinline__ float lane_mix(const HcArgs& a, int ks_count, int t, 
 // and the 16-bit copies; kCollapseVec float4s of D per thread.
 constexpr int kCollapseVec = 4;
 // pre comes first: with the loads of h issued before it (to overlap warp 0's chain of partial sums) the kernel
-// took 86-99 registers, one or two CTAs per SM, and stalled on that chain (run 94). Four or more CTAs per SM
+// took 86-99 registers, one or two CTAs per SM, and stalled on that chain (run 93). Four or more CTAs per SM
 // (at most 64 registers) hide it instead.
 template <int M, int kThreads>
 __global__ void __launch_bounds__(kThreads, 1024 / kThreads) hc_collapse_kernel(HcArgs a, int ks_count, int n_coef) {
