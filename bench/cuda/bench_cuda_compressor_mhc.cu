@@ -172,6 +172,38 @@ void bench_hc(bool head, int T, int64_t D) {
   cudaFree(base); cudaFree(scale); cudaFree(x); cudaFree(post); cudaFree(comb); cudaFree(ws);
 }
 
+// The previous sub-layer's hc_post followed by hc_pre (HcArgs::prev_*: above 8 tokens hc_post's own launch,
+// then the tensor-core path), as a prefill sub-layer boundary runs them. bytes = y + res + h written + x (+ fn,
+// post, comb): the one-pass floor.
+void bench_post_pre(int T, int64_t D) {
+  const double set_bytes = 4.0 * T * D * 5 + 4.0 * 24 * 4 * D;
+  const double bytes = set_bytes + 4.0 * T * D * 5 + 4.0 * T * 40;
+  const int sets = sets_for(set_bytes);
+  std::vector<float*> y(sets), res(sets);
+  for (int s = 0; s < sets; ++s) y[s] = dfloats(size_t(T) * D, 1.f), res[s] = dfloats(size_t(T) * 4 * D, 1.f);
+  float* fn = dfloats(size_t(24) * 4 * D, 0.02f);
+  float* ppost = dfloats(T * 4, 1.f);
+  float* pcomb = dfloats(T * 16, 0.3f);
+  float* base = dfloats(24, 0.5f);
+  float* scale = dfloats(3, 1.f);
+  float* h = dalloc<float>(size_t(T) * 4 * D);
+  float* x = dalloc<float>(size_t(T) * D);
+  float* post = dalloc<float>(T * 4);
+  float* comb = dalloc<float>(T * 16);
+  void* ws = dalloc<uint8_t>(hc_workspace_bytes(T, D));
+  HcArgs a;
+  a.n_tokens = T; a.dim = D; a.h = h; a.fn = fn; a.base = base; a.scale = scale; a.x = x; a.post = post;
+  a.comb = comb; a.workspace = ws; a.prev_post = ppost; a.prev_comb = pcomb;
+  const double us = time_us([&](int s) {
+    a.prev_y = y[s], a.prev_res = res[s];
+    hc_pre(a, nullptr);
+  }, sets);
+  report("hc_post + hc_pre", "T=" + std::to_string(T) + " D=" + std::to_string(D), us, bytes);
+  for (int s = 0; s < sets; ++s) cudaFree(y[s]), cudaFree(res[s]);
+  cudaFree(fn); cudaFree(ppost); cudaFree(pcomb); cudaFree(base); cudaFree(scale); cudaFree(h); cudaFree(x);
+  cudaFree(post); cudaFree(comb); cudaFree(ws);
+}
+
 void bench_post(int T, int64_t D) {
   const double set_bytes = 4.0 * T * D * 5 + 4.0 * T * 20;
   const double bytes = set_bytes + 4.0 * T * 4 * D;
@@ -214,6 +246,7 @@ int main(int argc, char** argv) {
   for (int T : {1, 256}) bench_hc(true, T, 7168);
   bench_hc(true, 2048, 4096);
   for (int T : {1, 64, 256, 2048}) bench_post(T, 7168);
+  bench_post_pre(2048, 4096);
   std::printf("\ncopy bandwidth (read + write): %.0f GB/s\n| kernel | case | us | GB/s | of copy bw |\n"
               "| --- | --- | ---: | ---: | ---: |\n", g_copy_gbs);
   for (const std::string& r : g_rows) std::printf("%s\n", r.c_str());

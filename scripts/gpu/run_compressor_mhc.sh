@@ -57,6 +57,6 @@ printf '%s' "$summary"
 sed -n '/^copy bandwidth/,$p' "$RESULTS/bench.log" | tail -n +2 | sed -n '/^copy bandwidth/,$p'
 if [ -s "$RESULTS/bench_base.log" ]; then
   echo "base $MHC_BASE:"
-  sed -n '/^copy bandwidth/,$p' "$RESULTS/bench_base.log" | grep -E "copy bandwidth|hc_"
+  sed -n '/^copy bandwidth/,$p' "$RESULTS/bench_base.log" | grep -E "copy bandwidth|hc_" | sort -u
 fi
 exit $status

@@ -190,13 +190,15 @@ TEST(CudaMhc, Post) {
 }
 
 // hc_pre / hc_head with the previous hc_post fused in front (HcArgs::prev_*) against the two launches it
-// replaces: h, x, post and comb bit for bit (the decode mix kernel up to 8 tokens, the separate hc_post above;
-// D = 96 puts 128-wide chunks across stream boundaries).
+// replaces: h, x, post and comb bit for bit (the decode mix kernel up to 8 tokens; above, hc_post's own launch
+// then the tensor-core path, at T = 65 and 130 with 64-token tiles ending inside the batch; D = 96 puts the
+// decode kernel's 128-wide chunks across stream boundaries).
 TEST(CudaMhc, FusedPostMatchesSeparateLaunches) {
   DSV4_REQUIRE_GPU();
   std::mt19937_64 rng(cuda_test::test_seed() + 500);
   for (bool head : {false, true})
-    for (auto [T, D] : {std::pair<int, int64_t>{1, 4096}, {5, 7168}, {8, 96}, {9, 4096}, {2, 32}}) {
+    for (auto [T, D] : {std::pair<int, int64_t>{1, 4096}, {5, 7168}, {8, 96}, {9, 4096}, {2, 32}, {65, 4096},
+                        {130, 96}, {17, 32}, {300, 7168}}) {
       SCOPED_TRACE(std::string(head ? "hc_head" : "hc_pre") + " T=" + std::to_string(T) + " D=" + std::to_string(D));
       const PostInputs in(rng, T, D, head);
       std::vector<std::vector<float>> out[2];

@@ -45,16 +45,14 @@ __device__ __forceinline__ float4 post_float4(const float* __restrict__ y, const
                                               const float* __restrict__ post, const float* __restrict__ comb, int t,
                                               int64_t D, int k, int64_t d4) {
   const int64_t D4 = D / 4;
-  const float p = __ldg(post + t * kN + k);
-  const float4 yv = __ldg(reinterpret_cast<const float4*>(y + t * D) + d4);
-  float4 s = make_float4(p * yv.x, p * yv.y, p * yv.z, p * yv.w);
+  float w[kN];
+  float4 r[kN];
 #pragma unroll
   for (int j = 0; j < kN; ++j) {
-    const float w = __ldg(comb + t * kN * kN + j * kN + k);
-    const float4 r = __ldg(reinterpret_cast<const float4*>(res + t * kN * D) + j * D4 + d4);
-    s.x += w * r.x; s.y += w * r.y; s.z += w * r.z; s.w += w * r.w;
+    w[j] = __ldg(comb + t * kN * kN + j * kN + k);
+    r[j] = __ldg(reinterpret_cast<const float4*>(res + t * kN * D) + j * D4 + d4);
   }
-  return s;
+  return post_stream(__ldg(post + t * kN + k), __ldg(reinterpret_cast<const float4*>(y + t * D) + d4), w, r);
 }
 
 // fn is a weight (constant): the lines of K range w (chunks [w*cpw, (w+1)*cpw), all M rows) are sent to L2
@@ -260,13 +258,8 @@ __global__ void __launch_bounds__(256) hc_post_kernel(int n_tokens, int64_t D, c
   for (int j = 0; j < kN; ++j) r[j] = __ldg(reinterpret_cast<const float4*>(res + t * kN * D) + j * D4 + d4);
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
-    float4 s = make_float4(p[k] * yv.x, p[k] * yv.y, p[k] * yv.z, p[k] * yv.w);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      const float w = c[j * kN + k];
-      s.x += w * r[j].x; s.y += w * r[j].y; s.z += w * r[j].z; s.w += w * r[j].w;
-    }
-    reinterpret_cast<float4*>(out + t * kN * D)[k * D4 + d4] = s;
+    const float w[kN] = {c[k], c[kN + k], c[2 * kN + k], c[3 * kN + k]};
+    reinterpret_cast<float4*>(out + t * kN * D)[k * D4 + d4] = post_stream(p[k], yv, w, r);
   }
 }
 

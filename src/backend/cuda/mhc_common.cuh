@@ -49,6 +49,19 @@ __device__ __forceinline__ float sinkhorn_lane(float c, int iters, float eps) {
   return c;
 }
 
+// Output stream k of hc_post at four elements: post_k y + Σ_j comb[j][k] res_j, summed in j order (cpu::hc_post's
+// order), with w[j] = comb[j][k]. hc_post_kernel and the decode mix's fused hc_post (mhc.cu) both use it, so
+// their h agree bit for bit.
+__device__ __forceinline__ float4 post_stream(float p, float4 y, const float (&w)[kN], const float4 (&r)[kN]) {
+  float4 s = make_float4(p * y.x, p * y.y, p * y.z, p * y.w);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    s.x = fmaf(w[j], r[j].x, s.x); s.y = fmaf(w[j], r[j].y, s.y);
+    s.z = fmaf(w[j], r[j].z, s.z); s.w = fmaf(w[j], r[j].w, s.w);
+  }
+  return s;
+}
+
 // x's float4 from the four streams' float4s at the same elements: Σ_j p_j v_j in stream order (cpu::hc_pre's).
 __device__ __forceinline__ float4 combine_streams(const float (&p)[kN], const float4 (&v)[kN]) {
   float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
