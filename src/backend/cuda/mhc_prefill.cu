@@ -44,6 +44,7 @@ struct TcCfg {
   static constexpr size_t kSmem = static_cast<size_t>(kTcStages) * kStage * sizeof(float);
   static constexpr int kRed = 2 * kNt * 4 + 4;  // per lane in the k-quarter exchange: accumulators, 4 squares
   static_assert(2 * 3 * 32 * kRed <= kStage, "the exchange reuses stage 0");
+  static_assert(kSmem <= 99 * 1024, "the ring must fit sm_120's 99 KB per block");
 };
 
 template <int M>
