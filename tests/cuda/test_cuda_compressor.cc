@@ -309,7 +309,9 @@ TEST(CudaCompressor, Decode) {
       std::mt19937 rng(static_cast<uint32_t>(seed));
       std::vector<int64_t> starts(n_seqs);
       for (int s = 0; s < n_seqs; ++s)
-        starts[s] = s < 4 ? s : (s % 2 ? static_cast<int64_t>(rng() % 2000000) : (rng() % 5000) * sh.ratio + sh.ratio - 1 - s % 6);
+        starts[s] = s < 4 ? s
+                          : (s % 2 ? static_cast<int64_t>(rng() % 2000000)
+                                   : (rng() % 5000) * sh.ratio + sh.ratio - 1 - s % 6);
       Harness h(sh, starts, ++seed);
       int checked = 0;
       for (int it = 0; it < 9; ++it) {

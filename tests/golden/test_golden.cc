@@ -182,7 +182,8 @@ Drift drift(const GoldenFixture& f, const EngineOptions& o) {
     }
     d.worst = std::max(d.worst, e / scale);
     d.over_1e3 += e / scale > 1e-3;
-    d.argmax_differs += testing::argmax_row(&got[r * f.vocab], f.vocab) != testing::argmax_row(&ref[r * f.vocab], f.vocab);
+    d.argmax_differs +=
+        testing::argmax_row(&got[r * f.vocab], f.vocab) != testing::argmax_row(&ref[r * f.vocab], f.vocab);
   }
   return d;
 }

@@ -257,7 +257,8 @@ void launch(const CompressorArgs& a, cudaStream_t stream) {
   }
   if (!split) {
     const dim3 ge(static_cast<unsigned>(entries), static_cast<unsigned>(a.n_seqs));
-    check(launch(compressor_entries_kernel<R, HEAD, 1>, ge, dim3(HEAD), 0, stream, a), "compressor_entries_kernel launch");
+    check(launch(compressor_entries_kernel<R, HEAD, 1>, ge, dim3(HEAD), 0, stream, a),
+          "compressor_entries_kernel launch");
   }
   dim3 gs((S::W + 127) / 128, static_cast<unsigned>(a.n_seqs));
   check(launch(compressor_state_kernel<R, HEAD>, dim3(gs), dim3(128), 0, stream, a), "compressor_state_kernel launch");

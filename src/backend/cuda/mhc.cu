@@ -30,9 +30,10 @@ using namespace mhc;            // kN, kMaxMix, kMaxKs, sigmoidf, sinkhorn_lane,
 constexpr int kKc = 128;        // k per chunk of the decode mix
 
 // Decode (few tokens): a warp owns cpw chunks of 128 k (lane = 4 consecutive k, float4 loads of fn and h
-// straight from global), loops over the tokens, and reduces its M + 1 sums across lanes (butterfly, fixed order): one partial per
-// warp and token in the same workspace layout [KS][T][M+1] (KS = the number of warps). It runs for up to
-// kHcFusedPostTokens tokens (kernels_compressor_mhc.h), the range in which it also fuses the pending hc_post.
+// straight from global), loops over the tokens, and reduces its M + 1 sums across lanes (butterfly, fixed
+// order): one partial per warp and token in the workspace layout [KS][T][M+1] (KS = the number of warps). It
+// runs for up to kHcFusedPostTokens tokens (kernels_compressor_mhc.h), the range in which it also fuses the
+// pending hc_post.
 constexpr int kSmallMixWarps = 1;  // one warp per CTA: the K ranges spread over as many SMs
 int small_mix_cpw(int64_t dim) { return static_cast<int>((kN * dim / kKc + kMaxKs - 1) / kMaxKs); }
 int small_mix_ks(int64_t dim) {

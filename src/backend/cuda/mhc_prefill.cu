@@ -226,8 +226,9 @@ __device__ __forceinline__ float lane_mix(const HcArgs& a, int ks_count, int t, 
 
 // One launch after the mixes, kThreads per CTA. hc_pre's first n_coef CTAs: a warp per token forms post and
 // comb (Sinkhorn on 16 lanes); they share the launch so that their dependent chains overlap the streaming.
-// The other CTAs, one per token: pre from the partials (warp 0), x = Σ_j pre_j h_j, the optional RMSNorm (cpu::rmsnorm's formula, squares summed in double in a fixed order)
-// and the 16-bit copies; kCollapseVec float4s of D per thread.
+// The other CTAs, one per token: pre from the partials (warp 0), x = Σ_j pre_j h_j, the optional RMSNorm
+// (cpu::rmsnorm's formula, squares summed in double in a fixed order) and the 16-bit copies; kCollapseVec
+// float4s of D per thread.
 constexpr int kCollapseVec = 4;
 // pre comes first: with the loads of h issued before it (to overlap warp 0's chain of partial sums) the kernel
 // took 86-99 registers, one or two CTAs per SM, and stalled on that chain (run 93). Four or more CTAs per SM
