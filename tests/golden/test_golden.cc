@@ -29,31 +29,48 @@ namespace {
 
 using testing::GoldenFixture;
 
+// Logits rows against reference rows: the largest |got - ref| relative to the largest |ref|, the rows above 1e-3,
+// the rows whose greedy token differs (and the first of them), and the non-finite logits.
+struct Drift {
+  double worst = 0;
+  int64_t rows = 0, over_1e3 = 0, argmax_differs = 0, first_differing = -1, non_finite = 0;
+};
+Drift row_drift(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab) {
+  Drift d;
+  d.rows = static_cast<int64_t>(got.size()) / vocab;
+  double scale = 0;
+  for (float v : ref) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  for (int64_t r = 0; r < d.rows; ++r) {
+    double e = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      d.non_finite += !std::isfinite(got[r * vocab + v]);
+      e = std::max(e, static_cast<double>(std::fabs(got[r * vocab + v] - ref[r * vocab + v])));
+    }
+    e /= scale;
+    d.worst = std::max(d.worst, e);
+    d.over_1e3 += e > 1e-3;
+    if (testing::argmax_row(&got[r * vocab], vocab) != testing::argmax_row(&ref[r * vocab], vocab) &&
+        d.argmax_differs++ == 0)
+      d.first_differing = r;
+  }
+  return d;
+}
+
 // Checks logits rows against reference rows with the bound of the KV mode (see the comment above).
 void expect_close(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab, bool bf16,
                   const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
-  const int64_t rows = static_cast<int64_t>(got.size()) / vocab;
-  double scale = 0;
-  for (float v : ref) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  double worst = 0;
-  int64_t over = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double e = 0;
-    for (int64_t v = 0; v < vocab; ++v) e = std::max(e, static_cast<double>(std::fabs(got[r * vocab + v] - ref[r * vocab + v])));
-    e /= scale;
-    worst = std::max(worst, e);
-    over += e > 1e-3;
-    EXPECT_EQ(testing::argmax_row(&got[r * vocab], vocab), testing::argmax_row(&ref[r * vocab], vocab))
-        << what << ": greedy token differs at row " << r;
-  }
-  std::printf("%s: max rel error %.3e, %lld of %lld rows above 1e-3\n", what.c_str(), worst,
-              static_cast<long long>(over), static_cast<long long>(rows));
+  const Drift d = row_drift(got, ref, vocab);
+  EXPECT_EQ(d.non_finite, 0) << what << ": non-finite logits";
+  EXPECT_EQ(d.argmax_differs, 0) << what << ": greedy token differs at " << d.argmax_differs << " rows, the first "
+                                 << d.first_differing;
+  std::printf("%s: max rel error %.3e, %lld of %lld rows above 1e-3\n", what.c_str(), d.worst,
+              static_cast<long long>(d.over_1e3), static_cast<long long>(d.rows));
   if (bf16) {
-    EXPECT_LE(over * 100, rows) << what;
-    EXPECT_LT(worst, 1e-2) << what;
+    EXPECT_LE(d.over_1e3 * 100, d.rows) << what;
+    EXPECT_LT(d.worst, 1e-2) << what;
   } else {
-    EXPECT_LT(worst, 1e-4) << what;
+    EXPECT_LT(d.worst, 1e-4) << what;
   }
 }
 
@@ -160,31 +177,16 @@ TEST_P(Golden, GreedyContinuationMatchesTransformers) {
   EXPECT_EQ(agree, f.seq_len - f.prefill);
 }
 
-// Full-prefill logits of `o` against the reference (fp32 KV, fp32 q): max error relative to the largest logit,
-// rows above 1e-3, rows whose greedy token differs. Every logit must be finite.
-struct Drift {
-  double worst = 0;
-  int64_t over_1e3 = 0, argmax_differs = 0, rows = 0;
-};
+// Full-prefill logits of `o` against the reference (fp32 KV, fp32 q); every logit must be finite.
 Drift drift(const GoldenFixture& f, const EngineOptions& o) {
   auto m = Model::load(f.dir, o);
   const std::vector<float> got = run_chunked(*m, f.ids, f.ids.size());
-  const std::vector<float>& ref = f.full(false);
-  Drift d;
-  d.rows = f.seq_len;
-  double scale = 0;
-  for (float v : ref) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  for (int64_t r = 0; r < d.rows; ++r) {
-    double e = 0;
-    for (int64_t v = 0; v < f.vocab; ++v) {
-      EXPECT_TRUE(std::isfinite(got[r * f.vocab + v])) << "row " << r;
-      e = std::max(e, static_cast<double>(std::fabs(got[r * f.vocab + v] - ref[r * f.vocab + v])));
-    }
-    d.worst = std::max(d.worst, e / scale);
-    d.over_1e3 += e / scale > 1e-3;
-    d.argmax_differs +=
-        testing::argmax_row(&got[r * f.vocab], f.vocab) != testing::argmax_row(&ref[r * f.vocab], f.vocab);
+  if (got.size() != f.full(false).size()) {
+    ADD_FAILURE() << "logits of " << got.size() << " values, the reference has " << f.full(false).size();
+    return Drift{};
   }
+  const Drift d = row_drift(got, f.full(false), f.vocab);
+  EXPECT_EQ(d.non_finite, 0) << "non-finite logits";
   return d;
 }
 

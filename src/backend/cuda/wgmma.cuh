@@ -16,12 +16,12 @@ namespace dsv4::cuda::wgmma {
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // Waits until at most N committed wgmma groups are pending (they complete in order).
 template <int N>
 __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void wait0() { wait<0>(); }
 // Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence / wait around it.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 // Generic-proxy writes to shared memory (st.shared, cp.async) visible to the tensor cores' reads; then a barrier.
