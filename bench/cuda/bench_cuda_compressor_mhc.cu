@@ -222,10 +222,16 @@ void bench_post(int T, int64_t D) {
 }  // namespace
 
 // --hc-only T D: hc_pre with T tokens of dim D alone (for Nsight Compute; run_compressor_mhc.sh MHC_NCU).
+// --compressor-only RATIO HEAD T: the compressor's prefill of T tokens alone (CMP_NCU).
 int main(int argc, char** argv) {
   device_config();
   if (argc > 3 && std::string(argv[1]) == "--hc-only") {
     bench_hc(false, std::atoi(argv[2]), std::atoll(argv[3]));
+    for (const std::string& r : g_rows) std::printf("%s\n", r.c_str());
+    return 0;
+  }
+  if (argc > 4 && std::string(argv[1]) == "--compressor-only") {
+    bench_compressor(std::atoi(argv[2]), std::atoi(argv[3]), false, std::atoi(argv[4]));
     for (const std::string& r : g_rows) std::printf("%s\n", r.c_str());
     return 0;
   }
@@ -236,7 +242,7 @@ int main(int argc, char** argv) {
     bench_compressor(128, 512, false, T);
     bench_compressor(4, 128, false, T);
   }
-  for (int n : {64, 1024}) {
+  for (int n : {64, 128, 1024}) {
     bench_compressor(4, 512, true, n);
     bench_compressor(128, 512, true, n);
     bench_compressor(4, 128, true, n);

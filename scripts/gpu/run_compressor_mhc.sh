@@ -3,7 +3,8 @@
 # Usage (on the GPU machine, from the repository root): scripts/gpu/run_compressor_mhc.sh
 # Logs go to $OUT (default: build-cmhc-gpu/out). Architectures: DSV4_CUDA_ARCHS (default 90a).
 # MHC_BASE=REV also builds the benchmark at git revision REV (a worktree; needs the repository's .git) and runs
-# it right after this tree's, so both tables come from the same machine and run.
+# it right after this tree's, so both tables come from the same machine and run; MHC_BASE_ROWS (a regex, default
+# hc_) picks the base rows printed.
 # GTest / nlohmann_json for an image that lacks them: carry [".gpu-deps"] (scripts/gpu/stage_deps.sh).
 set -uo pipefail
 RESULTS=${OUT:-build-cmhc-gpu/out}
@@ -43,6 +44,17 @@ for spec in ${MHC_NCU:-}; do
   grep -E "^  [a-z_ ]+<|^  void|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Issue Slots Busy|highest-utilized|ERR|rror" \
     "$RESULTS/ncu_hc_${T}_$D.txt" | sed -E 's/  +/ /g; s/\(const float \*.*//; s/dsv4::cuda::mhc::<unnamed>:://' | cut -c1-120 | head -24
 done
+# CMP_NCU="RATIO:HEAD:T ...": Nsight Compute on the compressor's entries kernel in `bench --compressor-only`.
+for spec in ${CMP_NCU:-}; do
+  IFS=: read -r R H T <<< "$spec"
+  timeout 200 "$NCU" --kernel-name-base demangled -k "regex:compressor_entries" --launch-skip 2 \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats \
+    "$BUILD/bench/cuda/bench_cuda_compressor_mhc" --compressor-only "$R" "$H" "$T" > "$RESULTS/ncu_cmp_${R}_${H}_$T.txt" 2>&1
+  echo "== ncu compressor ratio=$R head=$H T=$T rc=$?"
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Issue Slots Busy|Stall|ERR|rror" \
+    "$RESULTS/ncu_cmp_${R}_${H}_$T.txt" | sed -E 's/  +/ /g' | cut -c1-120 | head -20
+done
 if [ -n "${MHC_BASE:-}" ]; then
   base_tree=/tmp/dsv4-base-$MHC_BASE
   { git worktree add -f "$base_tree" "$MHC_BASE" &&
@@ -57,6 +69,6 @@ printf '%s' "$summary"
 sed -n '/^copy bandwidth/,$p' "$RESULTS/bench.log" | tail -n +2 | sed -n '/^copy bandwidth/,$p'
 if [ -s "$RESULTS/bench_base.log" ]; then
   echo "base $MHC_BASE:"
-  sed -n '/^copy bandwidth/,$p' "$RESULTS/bench_base.log" | grep -E "copy bandwidth|hc_" | sort -u
+  sed -n '/^copy bandwidth/,$p' "$RESULTS/bench_base.log" | grep -E "copy bandwidth|${MHC_BASE_ROWS:-hc_}" | sort -u
 fi
 exit $status

@@ -75,12 +75,14 @@ class Harness {
   }
   // Every later step() replays one CUDA graph captured at its first call (fixed n_seqs and grid bound).
   void use_graph(int max_tokens, int max_count) { graph_max_tokens_ = max_tokens, graph_max_count_ = max_count; }
+  // Eager launches then pass max_count / 3: the bound only sizes the grid, larger counts must still work.
+  void understate_max_count() { understate_ = true; }
   int slot(int s) const { return n_ - 1 - s; }  // exercises state_slot indirection
   static void check_ok(cudaError_t e) { cuda::check(e, "test copy"); }
 
   // One launch: sequence s gets counts[s] new tokens (0 allowed). Returns the number of entries checked.
   int step(const std::vector<int>& counts) {
-    const int64_t stride = W_ + 3;  // rows not packed
+    const int64_t stride = W_ + 4;  // rows not packed (a multiple of 4: the kernel reads float4)
     int T = 0, max_count = 0;
     std::vector<int32_t> first(n_), cnt(n_);
     std::vector<int64_t> start(n_), out_first(n_);
@@ -129,7 +131,7 @@ class Harness {
     a.ratio = sh_.ratio; a.head = sh_.head; a.kv = g_kv_->get(); a.gate = g_gate_->get(); a.row_stride = stride;
     a.ape = d_ape_.get(); a.norm = d_norm_.get(); a.eps = 1e-6f; a.inv_freq = d_freq_.get(); a.n_freq = 32;
     a.n_seqs = n_; a.seq_first = g_first_->get(); a.seq_count = g_cnt_->get(); a.seq_start = g_start_->get();
-    a.max_count = graph ? graph_max_count_ : max_count; a.state = d_state_.get(); a.state_slot = g_slot_->get();
+    a.max_count = graph ? graph_max_count_ : understate_ ? max_count / 3 : max_count; a.state = d_state_.get(); a.state_slot = g_slot_->get();
     a.out = g_out_->get(); a.out_row_bytes = out_rb; a.out_first = g_of_->get();
     a.format = to_format(sh_.dtype); a.fp8_rope_dims = sh_.head == 512 ? 64 : 0;
     a.fp8_scale_block = sh_.head == 512 ? 64 : 128;
@@ -254,6 +256,7 @@ class Harness {
   std::unique_ptr<DeviceBuffer<int32_t>> g_first_, g_cnt_, g_slot_;
   std::unique_ptr<DeviceBuffer<int64_t>> g_start_, g_of_;
   std::unique_ptr<DeviceBuffer<uint8_t>> g_out_;
+  bool understate_ = false;
   int graph_max_tokens_ = 0, graph_max_count_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
@@ -291,6 +294,9 @@ TEST(CudaCompressor, ChunkedPrefill) {
       ASSERT_FALSE(HasFatalFailure());
     }
     h.step({sh.ratio, 2 * sh.ratio + 1, sh.ratio - 1, 3});  // exact block, block + 1, short of a block
+    ASSERT_FALSE(HasFatalFailure());
+    h.understate_max_count();
+    checked += h.step({5 * sh.ratio + 2, 3, 0, 9 * sh.ratio - 1});  // counts above the launch's max_count
     ASSERT_FALSE(HasFatalFailure());
     EXPECT_GT(checked, 4);
     finish(h);
@@ -354,6 +360,27 @@ TEST(CudaCompressor, UnsupportedShapesFailLoudly) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ratio=128 head=128"), std::string::npos) << e.what();
+  }
+  // Rows that float4 loads cannot read: a stride that is not a multiple of 4, or a misaligned pointer. Nothing
+  // launches (the pointers are never dereferenced).
+  auto* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);
+  a.ratio = 4; a.head = 512; a.max_count = 1; a.row_stride = 1025;
+  a.kv = a.gate = a.ape = a.norm = a.inv_freq = fake;
+  a.state = fake;
+  a.seq_first = a.seq_count = reinterpret_cast<const int32_t*>(fake);
+  a.seq_start = a.out_first = reinterpret_cast<const int64_t*>(fake);
+  a.out = reinterpret_cast<uint8_t*>(fake);
+  a.out_row_bytes = 4096;
+  a.format = cuda::KvRowFormat::kF32;
+  for (int64_t stride : {int64_t{1025}, int64_t{1024}}) {
+    a.row_stride = stride;
+    a.gate = stride == 1024 ? fake + 1 : fake;
+    try {
+      cuda::compressor(a, nullptr);
+      FAIL() << "expected an error for row_stride " << stride;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+    }
   }
 }
 
