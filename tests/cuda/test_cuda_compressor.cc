@@ -304,7 +304,7 @@ TEST(CudaCompressor, ChunkedPrefill) {
 }
 
 // Decode: 64 or 200 sequences, one token each per launch, most launches write nothing for most sequences.
-// (Ratio 128 splits each entry over a cluster of CTAs for up to 4 x SMs / 8 sequences, 66 on an H200: 64 take
+// (Ratio 128 splits each entry over a cluster of CTAs for up to 8 x SMs / 8 sequences, 132 on an H200: 64 take
 // the split kernel, 200 the one-CTA-per-entry one.)
 TEST(CudaCompressor, Decode) {
   DSV4_REQUIRE_GPU();

@@ -403,7 +403,7 @@ void launch(const CompressorArgs& a, cudaStream_t stream) {
   constexpr int kSplitR = 8;
   bool split = false;
   if constexpr (R == 128) {
-    split = groups * kSplitR <= 4 * device_config().sm_count;
+    split = groups * kSplitR <= 8 * device_config().sm_count;
     if (split)
       check(launch_cluster(compressor_entries_kernel<R, HEAD, kSplitR>, dim3(static_cast<unsigned>(ctas * kSplitR)),
                            dim3(kEntryThreads), 0, stream, kSplitR, a, per_seq, groups),

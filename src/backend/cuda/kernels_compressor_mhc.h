@@ -32,7 +32,8 @@ struct CompressorArgs {
   int head = 0;
   const float* kv = nullptr;    // [n_tokens, row_stride] projected kv rows (width used)
   const float* gate = nullptr;  // [n_tokens, row_stride] projected gate rows, ape not yet added
-  int64_t row_stride = 0;       // floats between token rows, >= width
+  int64_t row_stride = 0;       // floats between token rows, >= width, a multiple of 4 (float4 loads: kv, gate,
+                                // ape, norm and state must be 16-byte aligned)
   const float* ape = nullptr;   // [ratio, width]
   const float* norm = nullptr;  // [head] RMSNorm weight
   float eps = 1e-6f;
