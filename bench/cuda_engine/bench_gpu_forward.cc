@@ -8,7 +8,7 @@
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
-//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--router-glue] [--moe-prefill-bf16]
+//                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
@@ -26,8 +26,8 @@
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
-// --router-glue: GpuOptions::router_gemm off (steps of > 64 tokens keep the router's fp32 glue linear instead of
-//   cuBLAS in fp32).
+// --glue-f32-linears: GpuOptions::gemm_f32_linears off (steps of > 64 tokens keep the router's and weights_proj's
+//   fp32 glue linears instead of cuBLAS in fp32).
 // --indexer-fp8-q: GpuOptions::indexer_fp8_q on (the CSA indexer's q in e4m3 on FP8 tensor cores; sm_90).
 // --moe-prefill-bf16: GpuOptions::moe_prefill_f16 off (steps of > 64 tokens run the routed experts in bf16).
 // --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
-  bool router_gemm = true, moe_prefill_f16 = true;
+  bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
-    else if (a == "--router-glue") router_gemm = false;
+    else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
     else if (a == "--moe-prefill-kernel") cudalin::set_moe_prefill_kernel(std::atoi(next().c_str()));
@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
     o.f16_activations = f16_act;
     o.hc_one_kernel = hc_one_kernel;
     o.kv_row_on_side = kv_side;
-    o.router_gemm = router_gemm;
+    o.gemm_f32_linears = gemm_f32_linears;
     o.moe_prefill_f16 = moe_prefill_f16;
     o.indexer_fp8_q = indexer_fp8_q;
     size_t free_before = 0, total_mem = 0;

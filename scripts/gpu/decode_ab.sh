@@ -9,7 +9,7 @@
 #      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave, (MOE_SPLIT_AB="1 2")
 #      at batch 4 / 16 / 64 with the MoE kernels chosen per expert load, (KV_SIDE_AB=1) with the window KV row
 #      encoded on the compressor's stream,
-#      (PREFILL_AB="2048 8192") prefill of 8,192 tokens in those chunks: the default, --router-glue,
+#      (PREFILL_AB="2048 8192") prefill of 8,192 tokens in those chunks: the default, --glue-f32-linears,
 #      --moe-prefill-bf16 and --moe-prefill-kernel 2;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
 #      them, as in a real step) over the steps of a 2-layer run, summed per kernel name and divided by the
@@ -46,12 +46,12 @@ BENCH_FLAGS=("$@")
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
-# PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, with the router's fp32 cuBLAS GEMM (the
-# default), with the glue linear (--router-glue), with the routed experts in bf16 (--moe-prefill-bf16) and on MoE
+# PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, with the router's and weights_proj's
+# fp32 cuBLAS GEMMs (the default), with the glue linears (--glue-f32-linears), with the routed experts in bf16 (--moe-prefill-bf16) and on MoE
 # prefill GEMM kernel 2 (the default before kernel 3): tok/s, the memory line, the chunk profile's router and
 # expert rows.
 for c in ${PREFILL_AB:-}; do
-  for f in "" --router-glue --moe-prefill-bf16 "--moe-prefill-kernel 2"; do
+  for f in "" --glue-f32-linears --moe-prefill-bf16 "--moe-prefill-kernel 2"; do
     echo "== prefill 8192 in chunks of $c ${f:-(default)}"
     $BIN --model "$CK" --batches 1 --prompt 16 --decode 4 --prefill 8192 --prefill-chunk "$c" $f "${BENCH_FLAGS[@]}" \
       2> "$R/prefill$c${f// /}.err" | grep -E "^prefill [0-9]+ tokens, chunks|^prefill chunk profile|^  router |^  routed_experts|^memory"

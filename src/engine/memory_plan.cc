@@ -102,7 +102,8 @@ std::pair<double, double> gpu_scratch(const Model& m, const StepCapacity& step) 
       if ((name.find(".attn.") != std::string::npos || name.find(".shared_experts.") != std::string::npos) &&
           t->shape.size() == 2)
         most = std::max(most, static_cast<double>(t->numel()));
-    fixed += 2 * most * 2 + E * D * 4;  // + the router's weight in fp32 (GpuOptions::router_gemm)
+    // + the router's and the indexer's weights_proj weights in fp32 (GpuOptions::gemm_f32_linears)
+    fixed += 2 * most * 2 + (E + IH) * D * 4;
   }
   // Split-K partials of the attention (at most the SM count x 64 heads x 514 floats, 256 SMs assumed), the two
   // GEMV workspaces (cudalin::workspace_create's 16 Mi floats + 64 Ki counters each), and 512 MiB for the

@@ -414,11 +414,11 @@ TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
   for (int chunk : {48, 200}) chunked_prefill_matches_cpu(chunk);
 }
 
-// GpuOptions::router_gemm off: the router's fp32 glue linear also in steps of > 64 tokens (the 200-token
-// chunks); on (the default) it is cuBLAS in fp32 there.
-TEST_F(GpuEngine, RouterGemmChunkedPrefillMatchesCpu) {
+// GpuOptions::gemm_f32_linears off: the router's and weights_proj's fp32 glue linears also in steps of > 64
+// tokens (the 200-token chunks); on (the default) they are cuBLAS in fp32 there.
+TEST_F(GpuEngine, GlueF32LinearsChunkedPrefillMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  chunked_prefill_matches_cpu(200, " (router glue linear)", [](gpu::GpuOptions& o) { o.router_gemm = false; });
+  chunked_prefill_matches_cpu(200, " (glue f32 linears)", [](gpu::GpuOptions& o) { o.gemm_f32_linears = false; });
 }
 
 // GpuOptions::moe_prefill_f16 off: the routed experts of the 200-token chunks through the bf16 moe_prefill

@@ -74,7 +74,8 @@ struct Scratch {
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [logits_cap, vocab] (logits: the same on the device)
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)
-  float* gate_f32 = nullptr;      // the router's weight widened to fp32 (GpuOptions::router_gemm, > 64 tokens)
+  float* gate_f32 = nullptr;      // the router's weight widened to fp32 (GpuOptions::gemm_f32_linears, > 64 tokens)
+  float* iwp_f32 = nullptr;       // the indexer's weights_proj widened to fp32 (the same)
   int32_t* next = nullptr;        // device [2, cap]: the token drawn from each row of the step, its status
   int32_t* next_host = nullptr;   // pinned [2, cap]
   glue::SampleRowParams* sample_params = nullptr;       // device [cap]
@@ -191,6 +192,7 @@ struct GpuModel::Impl {
   void lin(const DevLinear& wt, const float* x, int64_t ldx, int T, float* y, int64_t ldy, Act16 xb = {});
   // The 16-bit copy of the sub-layer input x that hc_pre writes beside x (s.xbx); nullptr in exact mode.
   uint16_t* x_bf16() const;
+  void linear_f32(const glue::Weight& w, float* wf32, int T, float* y);
   // y = x · Wᵀ over T rows of 16-bit activations: cudalin::gemv up to 64 rows; above (chunked prefill) the
   // weight is dequantized to bf16 into s.wbuf and multiplied by cuBLAS (cudalin::gemm_bf16; bf16 only).
   void matmul(const cudalin::DevWeight& w, const uint16_t* xb, int64_t ldx, int T, float* y, int64_t ldy,

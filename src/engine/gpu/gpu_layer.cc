@@ -63,6 +63,17 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
   matmul(wt.d, xb.p, ldx, T, y, ldy, f16);
 }
 
+// y [T, w.rows] = x · wᵀ for a BF16 weight on the fp32 x: above 64 tokens a pure fp32 cuBLAS GEMM on the weight
+// widened exactly into wf32 (GpuOptions::gemm_f32_linears; null when off), else the fp32 glue linear.
+void GpuModel::Impl::linear_f32(const glue::Weight& w, float* wf32, int T, float* y) {
+  if (wf32 && T > 64 && w.fmt == glue::WFormat::kBF16) {
+    cudalin::widen_bf16_to_f32(reinterpret_cast<const uint16_t*>(w.w), wf32, w.rows * w.cols, stream);
+    cudalin::gemm_f32(s.x, T, wf32, w.rows, w.cols, y, stream);
+  } else {
+    glue::linear(w, 0, w.rows, s.x, T, w.cols, y, w.rows, stream);
+  }
+}
+
 uint16_t* GpuModel::Impl::x_bf16() const {
   return opt.exact_linear ? nullptr : s.xbx;  // exact mode: every linear reads the fp32 x
 }
@@ -138,7 +149,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   auto index_from_x = [&]() {
     compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
              meta.dev(StepMeta::kKeyFirst), 0, Id);
-    glue::linear(L.index_weights_proj.g, 0, IH, s.x, T, D, s.iw, IH, stream);
+    linear_f32(L.index_weights_proj.g, s.iwp_f32, T, s.iw);
     glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
     mark(li, "index.compress");
   };
@@ -339,12 +350,7 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     OnSide on(*this);
     shared_expert();
   }
-  if (s.gate_f32 && T > 64 && L.gate.g.fmt == glue::WFormat::kBF16) {  // GpuOptions::router_gemm
-    cudalin::widen_bf16_to_f32(reinterpret_cast<const uint16_t*>(L.gate.g.w), s.gate_f32, E * D, stream);
-    cudalin::gemm_f32(s.x, T, s.gate_f32, E, D, s.router, stream);
-  } else {
-    glue::linear(L.gate.g, 0, E, s.x, T, D, s.router, E, stream);
-  }
+  linear_f32(L.gate.g, s.gate_f32, T, s.router);
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");

@@ -133,7 +133,10 @@ void GpuModel::Impl::alloc_scratch() {
       most = std::max(most, L.wo_a.rows * L.wo_a.cols / std::max<int64_t>(1, c->o_groups));  // one group
     }
     if (most > 0) s.wbuf = static_cast<uint16_t*>(dalloc(sizeof(uint16_t) * most));
-    if (opt.router_gemm) s.gate_f32 = f(E * D);
+    if (opt.gemm_f32_linears) {
+      s.gate_f32 = f(E * D);
+      if (c->index_n_heads > 0) s.iwp_f32 = f(static_cast<int64_t>(c->index_n_heads) * D);
+    }
   }
   ws = cudalin::workspace_create();
   if (opt.overlap_branches) ws_side = cudalin::workspace_create();

@@ -27,7 +27,8 @@ struct GpuOptions {
   int64_t max_model_len = 4096;    // positions per sequence
   // Every linear layer and the routed experts in fp32 activations through the glue kernels (slow; for
   // checking the engine against the CPU without the bf16 activation rounding of the GEMV kernels). Above 64
-  // tokens the router's linear stays on its fp32 cuBLAS GEMM while router_gemm is on (also no 16-bit rounding).
+  // tokens the router's and weights_proj's linears stay on the fp32 cuBLAS GEMM while gemm_f32_linears is on
+  // (also no 16-bit rounding).
   bool exact_linear = false;
   bool exact_moe = false;          // only the routed experts through the fp32 glue (implied by exact_linear)
   // The CSA indexer with q quantized per head to e4m3 (as vLLM and DeepGEMM do; DeepSeek's own inference code
@@ -69,12 +70,13 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
-  // In steps of more than 64 tokens the router's BF16 linear runs through cuBLAS in fp32 (cudalin::gemm_f32 on
-  // the weight widened exactly to fp32, CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear,
-  // which streams the weight once per 8 tokens. Same function up to fp32 summation order. H200 run 39 (chunks
-  // of 2048 at V4-Flash width): the router's share of a chunk 39.5 -> 6.7 ms over 42 layers, 8K prefill
-  // 4,772 -> 4,806 tok/s (it overlaps the shared expert's side stream). Off: the glue linear at every size.
-  bool router_gemm = true;
+  // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
+  // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
+  // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8
+  // tokens. Same function up to fp32 summation order. H200 run 39 (chunks of 2048 at V4-Flash width): the
+  // router's share of a chunk 39.5 -> 6.7 ms over 42 layers, 8K prefill 4,772 -> 4,806 tok/s; weights_proj:
+  // docs/PERFORMANCE.md run 106. Off: the glue linear at every size.
+  bool gemm_f32_linears = true;
   // With f16_activations, steps of more than 64 tokens run the routed experts through cudalin::moe_prefill_f16
   // (x and h in f16, weights converted exactly to f16, f16 MMAs: moe_decode's f16 numerics) in layers whose
   // expert scales allow it (DevLayer::experts_fit_f16); its weight conversion takes half the instructions of
