@@ -15,3 +15,20 @@ for dev in cpu cuda; do
   echo "== $dev"
   ./build-cli/src/dsv4 run --model /tmp/awm --device $dev --ids --prompt-ids $ids --max-tokens 16 --kv-cache-dtype bf16 --max-model-len 256
 done
+# FP8Q=1: the fp8 KV cache with and without --indexer-fp8-q on both devices (a 700-token prompt, so the CSA
+# indexer selects 128 of 175 entries), and the refusal of --indexer-fp8-q with bf16 KV on cuda.
+if [ -n "${FP8Q:-}" ]; then
+  long=$(seq -s, 1 700)
+  for dev in cpu cuda; do
+    for q in "" --indexer-fp8-q; do
+      echo "== $dev fp8 KV ${q:-(fp32 q)}"
+      ./build-cli/src/dsv4 run --model /tmp/awm --device $dev --ids --prompt-ids "$long" --max-tokens 16 \
+        --kv-cache-dtype fp8 --max-model-len 1024 $q
+    done
+  done
+  echo "== cuda bf16 KV --indexer-fp8-q (must be refused)"
+  if ./build-cli/src/dsv4 run --model /tmp/awm --device cuda --ids --prompt-ids $ids --max-tokens 4 \
+      --kv-cache-dtype bf16 --max-model-len 256 --indexer-fp8-q; then
+    echo "NOT REFUSED"; exit 1
+  fi
+fi
