@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "engine/model.h"
+#include "engine_feed.h"
 #include "golden_fixture.h"
 
 namespace dsv4 {
@@ -74,27 +75,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref, 
   }
 }
 
-std::vector<float> run_chunked(const Model& m, const std::vector<int32_t>& ids, size_t chunk) {
-  auto seq = m.new_sequence();
-  std::vector<float> all;
-  for (size_t i = 0; i < ids.size(); i += chunk) {
-    std::vector<SeqChunk> b(1);
-    b[0].seq = seq.get();
-    b[0].tokens.assign(ids.begin() + i, ids.begin() + std::min(ids.size(), i + chunk));
-    b[0].all_logits = true;
-    auto out = m.forward(b);
-    all.insert(all.end(), out[0].logits.begin(), out[0].logits.end());
-  }
-  return all;
-}
-
 class Golden : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Golden, FullPrefillMatchesTransformers) {
   GoldenFixture f = GoldenFixture::load(GetParam());
   for (KvDtype kv : {KvDtype::kF32, KvDtype::kBF16}) {
     auto m = Model::load(f.dir, EngineOptions{kv});
-    std::vector<float> got = run_chunked(*m, f.ids, f.ids.size());
+    std::vector<float> got = testing::all_logits_in_chunks(*m, f.ids, f.ids.size());
     const bool bf16 = kv == KvDtype::kBF16;
     expect_close(got, f.full(bf16), f.vocab, bf16,
                  std::string("[") + GetParam() + " kv=" + kv_dtype_name(kv) + "] full prefill");
@@ -127,9 +114,9 @@ TEST_P(Golden, ChunkedEqualsFullEqualsTokenByToken) {
   GoldenFixture f = GoldenFixture::load(GetParam());
   for (KvDtype kv : {KvDtype::kBF16, KvDtype::kFP8}) {
     auto m = Model::load(f.dir, EngineOptions{kv});
-    std::vector<float> full = run_chunked(*m, f.ids, f.ids.size());
+    std::vector<float> full = testing::all_logits_in_chunks(*m, f.ids, f.ids.size());
     for (size_t chunk : {size_t(1), size_t(3), size_t(64), size_t(127), size_t(129)}) {
-      std::vector<float> got = run_chunked(*m, f.ids, chunk);
+      std::vector<float> got = testing::all_logits_in_chunks(*m, f.ids, chunk);
       ASSERT_EQ(got.size(), full.size());
       size_t diff = 0;
       for (size_t i = 0; i < got.size(); ++i) diff += got[i] != full[i];
@@ -144,7 +131,8 @@ TEST_P(Golden, BatchedEqualsAlone) {
   GoldenFixture f = GoldenFixture::load(GetParam());
   auto m = Model::load(f.dir, EngineOptions{KvDtype::kBF16});
   std::vector<int32_t> a(f.ids.begin(), f.ids.begin() + 200), b2(f.ids.begin() + 37, f.ids.end());
-  std::vector<float> ra = run_chunked(*m, a, a.size()), rb = run_chunked(*m, b2, b2.size());
+  std::vector<float> ra = testing::all_logits_in_chunks(*m, a, a.size());
+  std::vector<float> rb = testing::all_logits_in_chunks(*m, b2, b2.size());
   auto sa = m->new_sequence(), sb = m->new_sequence();
   std::vector<SeqChunk> batch(2);
   batch[0] = {sa.get(), a, true, false};
@@ -180,7 +168,7 @@ TEST_P(Golden, GreedyContinuationMatchesTransformers) {
 // Full-prefill logits of `o` against the reference (fp32 KV, fp32 q); every logit must be finite.
 Drift drift(const GoldenFixture& f, const EngineOptions& o) {
   auto m = Model::load(f.dir, o);
-  const std::vector<float> got = run_chunked(*m, f.ids, f.ids.size());
+  const std::vector<float> got = testing::all_logits_in_chunks(*m, f.ids, f.ids.size());
   if (got.size() != f.full(false).size()) {
     ADD_FAILURE() << "logits of " << got.size() << " values, the reference has " << f.full(false).size();
     return Drift{};

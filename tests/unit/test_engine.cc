@@ -12,6 +12,7 @@
 #include "engine/sampler.h"
 #include "model/random_checkpoint.h"
 #include "core/error.h"
+#include "engine_feed.h"
 #include "test_util.h"
 
 namespace dsv4 {
@@ -32,17 +33,6 @@ class DefaultModel : public ::testing::Test {
     b[0].tokens = toks;
     b[0].all_logits = all;
     return m.forward(b)[0].logits;
-  }
-  // `ids` fed to a new sequence of m in pieces of `chunk` tokens: the logits of every token, concatenated.
-  static std::vector<float> run_in_chunks(const Model& m, const std::vector<int32_t>& ids, size_t chunk) {
-    auto s = m.new_sequence();
-    std::vector<float> out;
-    for (size_t i = 0; i < ids.size(); i += chunk) {
-      const std::vector<float> l =
-          run(m, *s, std::vector<int32_t>(ids.begin() + i, ids.begin() + std::min(ids.size(), i + chunk)));
-      out.insert(out.end(), l.begin(), l.end());
-    }
-    return out;
   }
 };
 testing::TempDir* DefaultModel::dir_ = nullptr;
@@ -95,7 +85,7 @@ TEST_F(DefaultModel, ActQuantIsPerTokenAndMovesLogitsByTheE4m3Rounding) {
     auto m = Model::load(dir, q), plain = Model::load(dir);
     auto whole = m->new_sequence();
     const std::vector<float> a = run(*m, *whole, ids);
-    const std::vector<float> b = run_in_chunks(*m, ids, 7);
+    const std::vector<float> b = testing::all_logits_in_chunks(*m, ids, 7);
     EXPECT_EQ(a, b) << "act_quant logits depend on the chunking";
     auto ps = plain->new_sequence();
     const std::vector<float> p = run(*plain, *ps, ids);
@@ -129,7 +119,7 @@ TEST_F(DefaultModel, IndexerFp8QIsPerTokenAndOnlyMovesTheSelection) {
     auto m = Model::load(dir.str(), q), plain = Model::load(dir.str());
     auto whole = m->new_sequence();
     const std::vector<float> a = run(*m, *whole, ids);
-    const std::vector<float> b = run_in_chunks(*m, ids, 7);
+    const std::vector<float> b = testing::all_logits_in_chunks(*m, ids, 7);
     EXPECT_EQ(a, b) << "indexer_fp8_q logits depend on the chunking (top-k " << topk << ")";
     auto ps = plain->new_sequence();
     const std::vector<float> p = run(*plain, *ps, ids);
@@ -152,7 +142,7 @@ TEST_F(DefaultModel, Bf16ActivationsArePerTokenAndExclusiveWithActQuant) {
   for (int i = 0; i < 24; ++i) ids.push_back((i * 53 + 17) % 129280);
   auto whole = m->new_sequence();
   const std::vector<float> a = run(*m, *whole, ids);
-  const std::vector<float> b = run_in_chunks(*m, ids, 5);
+  const std::vector<float> b = testing::all_logits_in_chunks(*m, ids, 5);
   EXPECT_EQ(a, b) << "bf16-activation logits depend on the chunking";
   auto ps = plain->new_sequence();
   EXPECT_NE(a, run(*plain, *ps, ids)) << "bf16_activations changed nothing";
