@@ -18,8 +18,9 @@ timeout 60 "$bench" --attn > "$RES/bench.csv" 2> "$RES/bench.err" || { echo "ben
 stamp "bench done"
 python3 bench/cuda/report.py "$RES/bench.csv" > "$RES/table.md" 2>&1
 # One profiled launch of the prefill kernel (4096 queries; ATTN_NCU_VARIANT, default the wgmma kernel in split-bf16,
-# "split-bf16 t2" for the mma.sync one), when ncu is there.
+# "split-bf16 t2" for the mma.sync one), when ncu is there and ATTN_NCU is not 0.
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+[ "${ATTN_NCU:-1}" = 0 ] && NCU=
 NCU_VARIANT=${ATTN_NCU_VARIANT:-split-bf16 wgmma}
 if [ -n "$NCU" ]; then
   timeout 90 "$NCU" -k regex:attn_ --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \

@@ -71,30 +71,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
   const int g = lane >> 2, t = lane & 3;
   const int qi = blockIdx.y, split = blockIdx.x;
 
-  // q * scale * log2 e as bf16 (hi, lo) into the swizzled A blocks: unit u = (head, 8-dim chunk).
-  {
-    const float qscale = a.scale * kLog2e;
-    const float* q = a.q + static_cast<int64_t>(qi) * kH * kD;
-    for (int u = tid; u < kH * kD / 8; u += kThreads) {
-      const int h = u >> 6, c = u & 63;
-      const float4 x0 = *reinterpret_cast<const float4*>(q + h * kD + 8 * c);
-      const float4 x1 = *reinterpret_cast<const float4*>(q + h * kD + 8 * c + 4);
-      uint4 hi, lo;
-      to_frag<kSplit>(x0.x * qscale, x0.y * qscale, hi.x, lo.x);
-      to_frag<kSplit>(x0.z * qscale, x0.w * qscale, hi.y, lo.y);
-      to_frag<kSplit>(x1.x * qscale, x1.y * qscale, hi.z, lo.z);
-      to_frag<kSplit>(x1.z * qscale, x1.w * qscale, hi.w, lo.w);
-      const int off = (c >> 3) * kQBlock + sw128(h, c & 7);
-      *reinterpret_cast<uint4*>(qs + off) = hi;
-      if (kSplit) *reinterpret_cast<uint4*>(qs + kQBytes + off) = lo;
-    }
-  }
-
-  float o[128];  // o[4 j + c]: head 16 wq + g (c < 2) or + 8, dim 256 wg + 8 j + 2 t + (c & 1)
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m[2], l[2];  // rows g and g + 8; l is this lane's share (summed over the quad at the end)
-  init_rows(p, 16 * wq + g, t, m, l);
   int begin, end;
   slot_range(p, qi, split, begin, end);
   const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
@@ -141,21 +117,66 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(Params p) {
     }
   };
 
+  // The first tiles' slot indices and tile 0's rows are requested before q is staged, so that their dependent
+  // round trips (slots, then rows) overlap the staging instead of following it (HCA layers have few tiles).
+  RawRow raw;
+  uint32_t cur_mask = 0, next_mask = 0;
+  int next_idx = -1, idx1 = -1;
+  const uint8_t* src;
+  if (begin < end) {
+    const int idx0 = load_idx(begin);
+    idx1 = load_idx(begin + kN);
+    next_idx = load_idx(begin + 2 * kN);
+    cur_mask = row_of(idx0, src);
+    load_row(src, raw);
+  }
+
+  // q * scale * log2 e as bf16 (hi, lo) into the swizzled A blocks: unit u = (head, 8-dim chunk), units tid +
+  // kThreads i. A thread's units are loaded kQBatch at a time, all in flight before the first is converted (one
+  // at a time, the loop waited a round trip per unit pair: 8 in the prologue of every CTA).
+  {
+    constexpr int kUnits = kH * kD / 8 / kThreads, kQBatch = 8;
+    static_assert(kUnits * 8 * kThreads == kH * kD && kUnits % kQBatch == 0, "whole batches of q units");
+    const float qscale = a.scale * kLog2e;
+    const float* q = a.q + static_cast<int64_t>(qi) * kH * kD;
+    for (int i0 = 0; i0 < kUnits; i0 += kQBatch) {
+      float4 xs0[kQBatch], xs1[kQBatch];
+#pragma unroll
+      for (int i = 0; i < kQBatch; ++i) {
+        const int u = tid + (i0 + i) * kThreads, h = u >> 6, c = u & 63;
+        xs0[i] = *reinterpret_cast<const float4*>(q + h * kD + 8 * c);
+        xs1[i] = *reinterpret_cast<const float4*>(q + h * kD + 8 * c + 4);
+      }
+#pragma unroll
+      for (int i = 0; i < kQBatch; ++i) {
+        const int u = tid + (i0 + i) * kThreads, h = u >> 6, c = u & 63;
+        const float4 x0 = xs0[i], x1 = xs1[i];
+        uint4 hi, lo;
+        to_frag<kSplit>(x0.x * qscale, x0.y * qscale, hi.x, lo.x);
+        to_frag<kSplit>(x0.z * qscale, x0.w * qscale, hi.y, lo.y);
+        to_frag<kSplit>(x1.x * qscale, x1.y * qscale, hi.z, lo.z);
+        to_frag<kSplit>(x1.z * qscale, x1.w * qscale, hi.w, lo.w);
+        const int off = (c >> 3) * kQBlock + sw128(h, c & 7);
+        *reinterpret_cast<uint4*>(qs + off) = hi;
+        if (kSplit) *reinterpret_cast<uint4*>(qs + kQBytes + off) = lo;
+      }
+    }
+  }
+
+  float o[128];  // o[4 j + c]: head 16 wq + g (c < 2) or + 8, dim 256 wg + 8 j + 2 t + (c & 1)
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m[2], l[2];  // rows g and g + 8; l is this lane's share (summed over the quad at the end)
+  init_rows(p, 16 * wq + g, t, m, l);
+
   // Pipeline: tile j is decoded in buffer j % 2 before the barrier that starts its iteration; while its S runs on
   // the tensor cores, the threads decode tile j + 1 (its rows arrived in registers during iteration j - 1) into
   // the other buffer, free since P V of tile j - 1 completed, and load the rows of tile j + 2.
   const uint32_t q_addr = smem_u32(qs);
-  RawRow raw;
-  uint32_t cur_mask = 0, next_mask = 0;
-  int next_idx = -1;
-  const uint8_t* src;
   if (begin < end) {
-    cur_mask = row_of(load_idx(begin), src);
-    load_row(src, raw);
     decode(raw, cur_mask, tiles);
-    next_mask = row_of(load_idx(begin + kN), src);
+    next_mask = row_of(idx1, src);
     load_row(src, raw);
-    next_idx = load_idx(begin + 2 * kN);
   }
   int buf = 0;
   for (int t0 = begin; t0 < end; t0 += kN, buf ^= 1) {
