@@ -21,11 +21,10 @@ namespace {
 using dsv4::bench::ok;
 
 template <typename T>
-T* dalloc(size_t n, float fill_scale = 0.f) {
+T* dalloc(size_t n) {
   T* p = nullptr;
   ok(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
   ok(cudaMemset(p, 0, n * sizeof(T)), "memset");
-  (void)fill_scale;
   return p;
 }
 
@@ -146,6 +145,22 @@ void bench_compressor(int ratio, int head, bool decode, int n) {
   cudaFree(dfirst); cudaFree(dcnt); cudaFree(dstart); cudaFree(dof);
 }
 
+// The small inputs (base, scale), the outputs and the workspace of hc_pre / hc_head with `mix` mixes for T
+// tokens of dim D, in an HcArgs whose h / fn (and prev_*) the caller sets; freed with it.
+struct HcBuffers {
+  float *base, *scale, *x, *post, *comb;
+  void* ws;
+  HcBuffers(int mix, int T, int64_t D)
+      : base(dfloats(mix, 0.5f)), scale(dfloats(3, 1.f)), x(dalloc<float>(size_t(T) * D)),
+        post(dalloc<float>(T * 4)), comb(dalloc<float>(T * 16)), ws(dalloc<uint8_t>(hc_workspace_bytes(T, D))) {}
+  ~HcBuffers() { cudaFree(base); cudaFree(scale); cudaFree(x); cudaFree(post); cudaFree(comb); cudaFree(ws); }
+  HcArgs args(int T, int64_t D) const {
+    HcArgs a;
+    a.n_tokens = T; a.dim = D; a.base = base; a.scale = scale; a.x = x; a.post = post; a.comb = comb; a.workspace = ws;
+    return a;
+  }
+};
+
 // hc_pre (head=false) or hc_head: bytes = h + fn + x (+ post, comb).
 void bench_hc(bool head, int T, int64_t D) {
   const int mix = head ? 4 : 24;
@@ -154,14 +169,8 @@ void bench_hc(bool head, int T, int64_t D) {
   const int sets = sets_for(set_bytes);
   std::vector<float*> h(sets), fn(sets);
   for (int s = 0; s < sets; ++s) h[s] = dfloats(size_t(T) * 4 * D, 1.f), fn[s] = dfloats(size_t(mix) * 4 * D, 0.02f);
-  float* base = dfloats(mix, 0.5f);
-  float* scale = dfloats(3, 1.f);
-  float* x = dalloc<float>(size_t(T) * D);
-  float* post = dalloc<float>(T * 4);
-  float* comb = dalloc<float>(T * 16);
-  void* ws = dalloc<uint8_t>(hc_workspace_bytes(T, D));
-  HcArgs a;
-  a.n_tokens = T; a.dim = D; a.base = base; a.scale = scale; a.x = x; a.post = post; a.comb = comb; a.workspace = ws;
+  const HcBuffers buf(mix, T, D);
+  HcArgs a = buf.args(T, D);
   const double us = time_us([&](int s) {
     a.h = h[s]; a.fn = fn[s];
     if (head) hc_head(a, nullptr);
@@ -169,7 +178,6 @@ void bench_hc(bool head, int T, int64_t D) {
   }, sets);
   report(head ? "hc_head" : "hc_pre", "T=" + std::to_string(T) + " D=" + std::to_string(D), us, bytes);
   for (int s = 0; s < sets; ++s) cudaFree(h[s]), cudaFree(fn[s]);
-  cudaFree(base); cudaFree(scale); cudaFree(x); cudaFree(post); cudaFree(comb); cudaFree(ws);
 }
 
 // The previous sub-layer's hc_post followed by hc_pre (HcArgs::prev_*: above 8 tokens hc_post's own launch,
@@ -184,24 +192,17 @@ void bench_post_pre(int T, int64_t D) {
   float* fn = dfloats(size_t(24) * 4 * D, 0.02f);
   float* ppost = dfloats(T * 4, 1.f);
   float* pcomb = dfloats(T * 16, 0.3f);
-  float* base = dfloats(24, 0.5f);
-  float* scale = dfloats(3, 1.f);
   float* h = dalloc<float>(size_t(T) * 4 * D);
-  float* x = dalloc<float>(size_t(T) * D);
-  float* post = dalloc<float>(T * 4);
-  float* comb = dalloc<float>(T * 16);
-  void* ws = dalloc<uint8_t>(hc_workspace_bytes(T, D));
-  HcArgs a;
-  a.n_tokens = T; a.dim = D; a.h = h; a.fn = fn; a.base = base; a.scale = scale; a.x = x; a.post = post;
-  a.comb = comb; a.workspace = ws; a.prev_post = ppost; a.prev_comb = pcomb;
+  const HcBuffers buf(24, T, D);
+  HcArgs a = buf.args(T, D);
+  a.h = h; a.fn = fn; a.prev_post = ppost; a.prev_comb = pcomb;
   const double us = time_us([&](int s) {
     a.prev_y = y[s], a.prev_res = res[s];
     hc_pre(a, nullptr);
   }, sets);
   report("hc_post + hc_pre", "T=" + std::to_string(T) + " D=" + std::to_string(D), us, bytes);
   for (int s = 0; s < sets; ++s) cudaFree(y[s]), cudaFree(res[s]);
-  cudaFree(fn); cudaFree(ppost); cudaFree(pcomb); cudaFree(base); cudaFree(scale); cudaFree(h); cudaFree(x);
-  cudaFree(post); cudaFree(comb); cudaFree(ws);
+  cudaFree(fn); cudaFree(ppost); cudaFree(pcomb); cudaFree(h);
 }
 
 void bench_post(int T, int64_t D) {

@@ -131,7 +131,8 @@ class Harness {
     a.ratio = sh_.ratio; a.head = sh_.head; a.kv = g_kv_->get(); a.gate = g_gate_->get(); a.row_stride = stride;
     a.ape = d_ape_.get(); a.norm = d_norm_.get(); a.eps = 1e-6f; a.inv_freq = d_freq_.get(); a.n_freq = 32;
     a.n_seqs = n_; a.seq_first = g_first_->get(); a.seq_count = g_cnt_->get(); a.seq_start = g_start_->get();
-    a.max_count = graph ? graph_max_count_ : understate_ ? max_count / 3 : max_count; a.state = d_state_.get(); a.state_slot = g_slot_->get();
+    a.max_count = graph ? graph_max_count_ : understate_ ? max_count / 3 : max_count;
+    a.state = d_state_.get(); a.state_slot = g_slot_->get();
     a.out = g_out_->get(); a.out_row_bytes = out_rb; a.out_first = g_of_->get();
     a.format = to_format(sh_.dtype); a.fp8_rope_dims = sh_.head == 512 ? 64 : 0;
     a.fp8_scale_block = sh_.head == 512 ? 64 : 128;
