@@ -3,14 +3,17 @@
 // are poisoned before each launch and strided (ldy > rows, the gaps must stay NaN), row offsets
 // (row_begin) and token counts around the 8-token pass; a second eager launch and a CUDA-graph launch must
 // give the same bits. glue::rmsnorm_rows (single-pass float4 / scalar paths and the long-row path, in
-// place and strided) against the cpu::rmsnorm formula.
+// place and strided) against the cpu::rmsnorm formula. glue::embed_streams (8 elements per thread, and the
+// scalar loop for dims not a multiple of 8 or a misaligned output) bit for bit, output poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -139,6 +142,39 @@ TEST(GlueLinear, Bf16MatchesFloat64) {
 // n <= 8192 with n % 4 == 0 and 16-byte rows takes the float4 single pass, other n or strides the scalar
 // single pass, n > 8192 the two-pass kernel. Out of place into a strided NaN-poisoned y (gaps must stay
 // NaN), and in place (y == x, the gaps of x must keep their values).
+TEST(GlueEmbed, CopiesTheRowIntoEveryStream) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  struct Case { int64_t dim; int T, n, out_offset; };  // out_offset floats: 1 makes out misaligned
+  const Case cases[] = {{4096, 1, 4, 0}, {4096, 5, 4, 0}, {7168, 3, 4, 0}, {2056, 2, 1, 0},
+                        {36, 3, 4, 0},   {4096, 2, 4, 1}, {8, 1, 2, 0}};
+  const int vocab = 97;
+  for (const Case& c : cases) {
+    std::vector<uint16_t> table(static_cast<size_t>(vocab * c.dim));
+    for (auto& v : table) v = static_cast<uint16_t>(rng());  // any bits, NaN patterns included
+    std::vector<int32_t> tokens(static_cast<size_t>(c.T));
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    uint16_t* dt = upload(table);
+    int32_t* dtok = upload(tokens);
+    const size_t n_out = static_cast<size_t>(c.T) * c.n * c.dim;
+    std::vector<float> poison(n_out + c.out_offset, std::numeric_limits<float>::quiet_NaN());
+    float* dout = upload(poison);
+    glue::embed_streams(dt, dtok, c.T, c.dim, c.n, dout + c.out_offset, nullptr);
+    std::vector<float> got(n_out);
+    cuda::check(cudaMemcpy(got.data(), dout + c.out_offset, n_out * sizeof(float), cudaMemcpyDeviceToHost), "copy");
+    std::vector<uint32_t> want(n_out);
+    for (int t = 0; t < c.T; ++t)
+      for (int j = 0; j < c.n; ++j)
+        for (int64_t d = 0; d < c.dim; ++d)
+          want[(static_cast<size_t>(t) * c.n + j) * c.dim + d] = uint32_t{table[tokens[t] * c.dim + d]} << 16;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), n_out * sizeof(float)), 0)
+        << "dim " << c.dim << " T " << c.T << " streams " << c.n << " out offset " << c.out_offset;
+    cudaFree(dt);
+    cudaFree(dtok);
+    cudaFree(dout);
+  }
+}
+
 TEST(GlueRmsnorm, MatchesFloat64) {
   DSV4_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed());

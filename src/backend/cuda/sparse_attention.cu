@@ -332,24 +332,29 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
   const int h0 = (blockIdx.x % kGroups) * 16 * kTiles + ht * 16;  // this warp's 16 heads
   const int d0 = ds * 128;                    // and 128 dims
 
-  // q fragments (A operand, rows = heads, k = dims), scaled by scale * log2 e before rounding.
-  constexpr int kQL = kSplit ? 8 : 1;
-  uint32_t qh[8][4], ql[kQL][4];
+  // Prologue (what batch-1 decode waits for): valid_len, the first two tiles' slot indices and q are requested
+  // together; the indices under the split's static bound (n_slots and its chunk: always inside the slots array)
+  // and masked by valid_len once it is there. Tile 0's rows are then requested one round trip after the start,
+  // before q is converted (it was a chain: q converted, then valid_len, then the indices, then the rows).
+  int begin, end;
+  slot_range(p, qi, split, begin, end);
+  const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
+  const int bound = min(a.n_slots, begin + p.chunk);
+  int idx0 = begin + lane < bound ? slots[begin + lane] : -1;
+  int idx1 = begin + kT + lane < bound ? slots[begin + kT + lane] : -1;
+
+  // q (A operand, rows = heads, k = dims): its loads are issued here and converted after tile 0's rows are
+  // requested below.
+  float2 xq[8][4];
   {
-    const float qscale = a.scale * kLog2e;
     const float* q0 = a.q + (static_cast<int64_t>(qi) * kH + h0 + g) * kD + d0 + 2 * t;
     const float* q1 = q0 + 8 * kD;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const float2 x0 = *reinterpret_cast<const float2*>(q0 + 16 * s);
-      const float2 x1 = *reinterpret_cast<const float2*>(q1 + 16 * s);
-      const float2 x2 = *reinterpret_cast<const float2*>(q0 + 16 * s + 8);
-      const float2 x3 = *reinterpret_cast<const float2*>(q1 + 16 * s + 8);
-      uint32_t dummy;
-      to_frag<kSplit>(x0.x * qscale, x0.y * qscale, qh[s][0], kSplit ? ql[s % kQL][0] : dummy);
-      to_frag<kSplit>(x1.x * qscale, x1.y * qscale, qh[s][1], kSplit ? ql[s % kQL][1] : dummy);
-      to_frag<kSplit>(x2.x * qscale, x2.y * qscale, qh[s][2], kSplit ? ql[s % kQL][2] : dummy);
-      to_frag<kSplit>(x3.x * qscale, x3.y * qscale, qh[s][3], kSplit ? ql[s % kQL][3] : dummy);
+      xq[s][0] = *reinterpret_cast<const float2*>(q0 + 16 * s);
+      xq[s][1] = *reinterpret_cast<const float2*>(q1 + 16 * s);
+      xq[s][2] = *reinterpret_cast<const float2*>(q0 + 16 * s + 8);
+      xq[s][3] = *reinterpret_cast<const float2*>(q1 + 16 * s + 8);
     }
   }
 
@@ -358,9 +363,6 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
   for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2], l[2];  // rows g and g + 8; l is this lane's share (summed over the quad at the end)
   init_rows(p, h0 + g, t, m, l);
-  int begin, end;
-  slot_range(p, qi, split, begin, end);
-  const int32_t* slots = a.slots + static_cast<int64_t>(qi) * a.n_slots;
 
   // Slot index of row `lane` of the tile at t0 (-1 past the end). Loaded one tile ahead of its use, so the
   // load's latency is not on the critical path.
@@ -401,8 +403,22 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
   uint32_t next_mask = 0;
   int next_idx = -1;
   if (begin < end) {
-    next_mask = issue(load_idx(begin), 0);
-    next_idx = load_idx(begin + kT);
+    next_mask = issue(begin + lane < end ? idx0 : -1, 0);
+    next_idx = begin + kT + lane < end ? idx1 : -1;
+  }
+
+  // q fragments, scaled by scale * log2 e before rounding.
+  constexpr int kQL = kSplit ? 8 : 1;
+  uint32_t qh[8][4], ql[kQL][4];
+  {
+    const float qscale = a.scale * kLog2e;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      uint32_t dummy;
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        to_frag<kSplit>(xq[s][c].x * qscale, xq[s][c].y * qscale, qh[s][c], kSplit ? ql[s % kQL][c] : dummy);
+    }
   }
   int stage = 0;
   for (int t0 = begin; t0 < end; t0 += kT, stage ^= 1) {

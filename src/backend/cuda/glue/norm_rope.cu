@@ -23,6 +23,27 @@ __global__ void embed_kernel(const uint16_t* __restrict__ embed, const int32_t* 
   }
 }
 
+// The same with 8 elements per thread (16-byte loads, 32-byte stores per stream), grid (T, dim / 8 / 256): one
+// load per thread, so the row's latency is paid once (the loop above, a load per trip, took ~10 us per decode
+// step at dim 4096; run 110). Needs dim % 8 == 0 and 16-byte aligned embed and out.
+__global__ void embed8_kernel(const uint16_t* __restrict__ embed, const int32_t* __restrict__ tokens, int64_t dim,
+                              int n, float* __restrict__ out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int t = blockIdx.x;
+  const int64_t d = 8 * (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (d >= dim) return;
+  const uint4 b = *reinterpret_cast<const uint4*>(embed + static_cast<int64_t>(tokens[t]) * dim + d);
+  const float4 lo = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
+                                __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
+  const float4 hi = make_float4(__uint_as_float(b.z << 16), __uint_as_float(b.z & 0xffff0000u),
+                                __uint_as_float(b.w << 16), __uint_as_float(b.w & 0xffff0000u));
+  for (int j = 0; j < n; ++j) {
+    float4* o = reinterpret_cast<float4*>(out + (static_cast<int64_t>(t) * n + j) * dim + d);
+    o[0] = lo;
+    o[1] = hi;
+  }
+}
+
 // cpu::rope on the last 2 * n_freq dims of v at position p (inverse: the conjugate rotation); the whole block
 // takes part, each pair by one thread.
 __device__ __forceinline__ void rope_row(float* v, int dim, int64_t p, const float* inv_freq, int n_freq, bool inverse) {
@@ -191,6 +212,12 @@ __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim,
 void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t dim, int n_streams, float* out,
                    cudaStream_t stream) {
   if (T <= 0) return;
+  if (dim % 8 == 0 && reinterpret_cast<uintptr_t>(embed) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    const unsigned ny = static_cast<unsigned>((dim / 8 + 255) / 256);
+    cuda::check(cuda::launch(embed8_kernel, dim3(T, ny), dim3(256), 0, stream, embed, tokens, dim, n_streams, out),
+                "embed8_kernel launch");
+    return;
+  }
   cuda::check(cuda::launch(embed_kernel, dim3(T), dim3(256), 0, stream, embed, tokens, dim, n_streams, out), "embed_kernel launch");
 }
 
