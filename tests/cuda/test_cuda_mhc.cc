@@ -277,6 +277,79 @@ TEST(CudaMhc, OneTokenKernelMatchesTwoLaunches) {
       }
 }
 
+// HcArgs::comb_logits (the engine's decode steps: comb's Sinkhorn on another stream): hc_pre writes the logits
+// and leaves comb alone, and hc_sinkhorn on them gives comb bit for bit as hc_pre computes it itself; x and post
+// are unchanged. One token as one kernel (counter) and as two, 3 and 8 tokens (two launches), with and without
+// the fused hc_post; more than 8 tokens and hc_head are refused.
+TEST(CudaMhc, CombLogitsThenSinkhornMatchesInKernel) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 700);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int iters = 20;
+  const float eps = 1e-6f;
+  for (int T : {1, 3, 8})
+    for (int64_t D : {96, 4096})
+      for (bool fused : {false, true})
+        for (bool one_kernel : {false, true}) {
+          if (one_kernel && T != 1) continue;
+          SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + (fused ? " fused hc_post" : "") +
+                       (one_kernel ? " one kernel" : ""));
+          const PostInputs in(rng, T, D, false);
+          std::vector<float> h(static_cast<size_t>(T) * N * D);
+          for (float& v : h) v = nd(rng);
+          DeviceBuffer<int> counter(1);
+          ASSERT_EQ(cudaMemset(counter.get(), 0, sizeof(int)), cudaSuccess);
+          std::vector<float> want_x, want_post, want_comb;
+          for (bool logits : {false, true}) {
+            DeviceBuffer<float> dh(h.size()), dx(T * D), dpo(T * N), dco(T * N * N), dlg(T * N * N), dco2(T * N * N);
+            DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(T, D));
+            dh.upload(h);
+            dx.poison(); dpo.poison(); dco.poison(); dlg.poison(); dco2.poison(); ws.poison();
+            cuda::HcArgs a;
+            a.n_tokens = T; a.dim = D; a.h = dh.get(); a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get();
+            a.workspace = ws.get(); a.sinkhorn_iters = iters; a.hc_eps = eps;
+            in.fill(a, fused);
+            if (one_kernel) a.counter = counter.get();
+            if (logits) a.comb_logits = dlg.get();
+            cuda::hc_pre(a, nullptr);
+            if (logits) cuda::hc_sinkhorn(dlg.get(), dco2.get(), T, iters, eps, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            if (!logits) {
+              want_x = dx.download(), want_post = dpo.download(), want_comb = dco.download();
+              continue;
+            }
+            const std::vector<float> gx = dx.download(), gp = dpo.download(), gc = dco.download(), gc2 = dco2.download();
+            EXPECT_EQ(std::memcmp(gx.data(), want_x.data(), gx.size() * 4), 0) << "x";
+            EXPECT_EQ(std::memcmp(gp.data(), want_post.data(), gp.size() * 4), 0) << "post";
+            EXPECT_EQ(std::memcmp(gc2.data(), want_comb.data(), gc2.size() * 4), 0) << "comb via hc_sinkhorn";
+            for (float v : gc) {  // still the poison (DeviceBuffer::poison's 0x7b bytes)
+              uint32_t u;
+              std::memcpy(&u, &v, 4);
+              EXPECT_EQ(u, 0x7b7b7b7bu) << "hc_pre wrote comb although comb_logits was set";
+            }
+          }
+        }
+  // Refusals: more tokens than the decode path, and hc_head.
+  for (bool head : {false, true}) {
+    const int T = head ? 1 : 9;
+    const int64_t D = 96;
+    const PostInputs in(rng, T, D, head);
+    DeviceBuffer<float> dh(static_cast<size_t>(T) * N * D), dx(T * D), dpo(T * N), dco(T * N * N), dlg(T * N * N);
+    DeviceBuffer<uint8_t> ws(cuda::hc_workspace_bytes(T, D));
+    cuda::HcArgs a;
+    a.n_tokens = T; a.dim = D; a.h = dh.get(); a.x = dx.get(); a.post = dpo.get(); a.comb = dco.get();
+    a.workspace = ws.get(); a.comb_logits = dlg.get();
+    in.fill(a, false);
+    try {
+      if (head) cuda::hc_head(a, nullptr);
+      else cuda::hc_pre(a, nullptr);
+      ADD_FAILURE() << "comb_logits accepted for " << (head ? "hc_head" : "9 tokens");
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("comb_logits"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // float64 Sinkhorn with the same steps as cpu::sinkhorn.
 void sinkhorn64(double* c, int iters, double eps) {
   for (int j = 0; j < N; ++j) {

@@ -372,5 +372,94 @@ TEST(GlueRoute, LargestExpertCount) {
                Error);
 }
 
+// glue::router_route_one_token (one token: the router's BF16 linear and the rank router in one kernel, the last
+// block routing) against glue::linear + glue::route on the same inputs, bit for bit: logits, ids and weights.
+// E in {8, 33, 256, 1024} x K x score function x biased / hash, hidden 256 and 4096, gate rows of random bf16
+// (some quantized to few values: exact ties between logits), three launches in a row on one counter (it must
+// re-arm itself), outputs poisoned; and the refusal (false, nothing launched) where linear / route would take
+// other kernels.
+TEST(GlueRoute, RouterOneLaunchMatchesLinearThenRoute) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(0x5eed0000u + static_cast<uint64_t>(std::random_device{}()));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int cases = 0;
+  for (int64_t D : {256, 4096})
+    for (int E : {8, 33, 256, 1024})
+      for (int K : {1, 6, 8})
+        for (int f = 0; f < 3; ++f)
+          for (int hash = 0; hash < 2; ++hash) {
+            const bool ties = (cases % 3) == 2;
+            std::vector<uint16_t> gate(static_cast<size_t>(E) * D);
+            for (auto& g : gate) g = f32_to_bf16((ties ? std::round(2.0f * nd(rng)) * 0.25f : nd(rng)) * 0.05f);
+            std::vector<float> x(D), bias(E);
+            for (auto& v : x) v = ties ? std::round(nd(rng)) : nd(rng);
+            for (auto& v : bias) v = ties ? 0.0f : 0.1f * nd(rng);
+            const int vocab = 5;
+            std::vector<int32_t> hash_tab(static_cast<size_t>(vocab) * K), tokens = {3};
+            for (auto& h : hash_tab) h = static_cast<int32_t>(rng() % E);
+            DevBuf dg(gate.size() * 2), dx(D * 4), db(E * 4), dh(hash_tab.size() * 4), dt(4), dctr(4);
+            DevBuf dl(E * 4), di(K * 4), dw(K * 4), dl2(E * 4), di2(K * 4), dw2(K * 4);
+            ck(cudaMemcpy(dg.p, gate.data(), gate.size() * 2, cudaMemcpyHostToDevice), "copy");
+            ck(cudaMemcpy(dx.p, x.data(), D * 4, cudaMemcpyHostToDevice), "copy");
+            ck(cudaMemcpy(db.p, bias.data(), E * 4, cudaMemcpyHostToDevice), "copy");
+            ck(cudaMemcpy(dh.p, hash_tab.data(), hash_tab.size() * 4, cudaMemcpyHostToDevice), "copy");
+            ck(cudaMemcpy(dt.p, tokens.data(), 4, cudaMemcpyHostToDevice), "copy");
+            ck(cudaMemset(dctr.p, 0, 4), "zero");
+            glue::Weight w;
+            w.fmt = glue::WFormat::kBF16, w.rows = E, w.cols = D, w.w = dg.as<uint8_t>();
+            const int32_t* tid2eid = hash ? dh.as<int32_t>() : nullptr;
+            const bool norm = (cases % 2) == 0;
+            const float scaling = 1.5f;
+            ck(cudaMemset(dl.p, 0x7b, E * 4), "poison");
+            ck(cudaMemset(di.p, 0x7b, K * 4), "poison");
+            ck(cudaMemset(dw.p, 0x7b, K * 4), "poison");
+            glue::linear(w, 0, E, dx.as<float>(), 1, D, dl.as<float>(), E, nullptr);
+            glue::route(dl.as<float>(), 1, E, K, f, db.as<float>(), tid2eid, dt.as<int32_t>(), norm, scaling,
+                        di.as<int32_t>(), dw.as<float>(), nullptr);
+            ck(cudaDeviceSynchronize(), "sync");
+            std::vector<uint8_t> want_l(E * 4), want_i(K * 4), want_w(K * 4);
+            ck(cudaMemcpy(want_l.data(), dl.p, E * 4, cudaMemcpyDeviceToHost), "copy");
+            ck(cudaMemcpy(want_i.data(), di.p, K * 4, cudaMemcpyDeviceToHost), "copy");
+            ck(cudaMemcpy(want_w.data(), dw.p, K * 4, cudaMemcpyDeviceToHost), "copy");
+            for (int run = 0; run < 3; ++run) {
+              ck(cudaMemset(dl2.p, 0x7b, E * 4), "poison");
+              ck(cudaMemset(di2.p, 0x7b, K * 4), "poison");
+              ck(cudaMemset(dw2.p, 0x7b, K * 4), "poison");
+              ASSERT_TRUE(glue::router_route_one_token(w, dx.as<float>(), E, K, f, db.as<float>(), tid2eid,
+                                                       dt.as<int32_t>(), norm, scaling, dl2.as<float>(),
+                                                       di2.as<int32_t>(), dw2.as<float>(), dctr.as<int>(), nullptr))
+                  << "E " << E << " D " << D;
+              ck(cudaDeviceSynchronize(), "sync");
+              std::vector<uint8_t> got_l(E * 4), got_i(K * 4), got_w(K * 4);
+              int ctr = -1;
+              ck(cudaMemcpy(got_l.data(), dl2.p, E * 4, cudaMemcpyDeviceToHost), "copy");
+              ck(cudaMemcpy(got_i.data(), di2.p, K * 4, cudaMemcpyDeviceToHost), "copy");
+              ck(cudaMemcpy(got_w.data(), dw2.p, K * 4, cudaMemcpyDeviceToHost), "copy");
+              ck(cudaMemcpy(&ctr, dctr.p, 4, cudaMemcpyDeviceToHost), "copy");
+              const std::string what = "E " + std::to_string(E) + " K " + std::to_string(K) + " D " +
+                                       std::to_string(D) + " f " + std::to_string(f) + (hash ? " hash" : "") +
+                                       (ties ? " ties" : "") + " launch " + std::to_string(run);
+              ASSERT_EQ(got_l, want_l) << "logits differ: " << what;
+              ASSERT_EQ(got_i, want_i) << "ids differ: " << what;
+              ASSERT_EQ(got_w, want_w) << "weights differ: " << what;
+              ASSERT_EQ(ctr, 0) << "the counter is not re-armed: " << what;
+            }
+            ++cases;
+          }
+  // Where linear or route would take other kernels: nothing is launched.
+  glue::Weight w;
+  w.fmt = glue::WFormat::kBF16, w.rows = 8, w.cols = 100, w.w = nullptr;  // cols % 256 != 0: the generic linear
+  EXPECT_FALSE(glue::router_route_one_token(w, nullptr, 8, 6, 0, nullptr, nullptr, nullptr, true, 1.0f, nullptr,
+                                            nullptr, nullptr, nullptr, nullptr));
+  w.cols = 256;
+  EXPECT_FALSE(glue::router_route_one_token(w, nullptr, 2048, 6, 0, nullptr, nullptr, nullptr, true, 1.0f, nullptr,
+                                            nullptr, nullptr, nullptr, nullptr));  // E > the rank router's 1024
+  glue::set_route_warp_kernel(true);
+  EXPECT_FALSE(glue::router_route_one_token(w, nullptr, 8, 6, 0, nullptr, nullptr, nullptr, true, 1.0f, nullptr,
+                                            nullptr, nullptr, nullptr, nullptr));  // route() takes the warp kernel
+  glue::set_route_warp_kernel(false);
+  std::printf("router_route_one_token: %d cases x 3 launches bit for bit as linear + route\n", cases);
+}
+
 }  // namespace
 }  // namespace dsv4

@@ -362,8 +362,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 }
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
-// by events, also inside the captured graphs) computes exactly what one stream does; so does the window KV row
-// on the third stream (kv_row_on_side).
+// by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
+// on the third stream (kv_row_on_side) and comb's Sinkhorn there (hc_comb_on_side).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -372,6 +372,7 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     one.overlap_branches = false;
     two.overlap_branches = true;
     two.kv_row_on_side = false;  // the window KV row's encode on the main stream
+    two.hc_comb_on_side = false;  // comb's Sinkhorn inside hc_pre
     one.cuda_graphs = two.cuda_graphs = graphs;
     const auto want = gpu(1, one, c, 40);
     expect_identical(graphs ? "selective model, kernels, fp8 KV, two streams vs one (graphs)"
@@ -380,6 +381,10 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     two.kv_row_on_side = true;  // the window KV row's encode on the compressor's stream
     expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row on the side, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, KV row on the side, vs one stream (eager)",
+                     gpu(1, two, c, 40), want);
+    two.hc_comb_on_side = true;  // and comb's Sinkhorn on the compressor's stream (the defaults)
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row and comb on the side, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, KV row and comb on the side, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
   }
 }

@@ -80,12 +80,10 @@ __device__ __forceinline__ double sum_squares(float4 v) {
 
 // Elements 4 d4 .. 4 d4 + 3 of token t's x: v, or w v rn with the RMSNorm weight (HcArgs::norm_w; rn is the
 // row's 1 / rms), stored to x and to the bf16 / f16 copies when they are set (round to nearest even).
-__device__ __forceinline__ void store_x(const HcArgs& a, int t, int64_t d4, float4 v, float rn) {
+// nw: norm_w's float4 at d4 (read by the caller, e.g. long before the reduction that gives rn).
+__device__ __forceinline__ void store_x(const HcArgs& a, int t, int64_t d4, float4 v, float rn, float4 nw) {
   const int64_t D = a.dim;
-  if (a.norm_w) {
-    const float4 w = __ldg(reinterpret_cast<const float4*>(a.norm_w) + d4);
-    v = make_float4(w.x * (v.x * rn), w.y * (v.y * rn), w.z * (v.z * rn), w.w * (v.w * rn));
-  }
+  if (a.norm_w) v = make_float4(nw.x * (v.x * rn), nw.y * (v.y * rn), nw.z * (v.z * rn), nw.w * (v.w * rn));
   reinterpret_cast<float4*>(a.x + t * D)[d4] = v;
   if (a.xb) {
     __nv_bfloat162* xb = reinterpret_cast<__nv_bfloat162*>(a.xb + t * D + 4 * d4);
@@ -97,6 +95,9 @@ __device__ __forceinline__ void store_x(const HcArgs& a, int t, int64_t d4, floa
     xh[0] = __floats2half2_rn(v.x, v.y);
     xh[1] = __floats2half2_rn(v.z, v.w);
   }
+}
+__device__ __forceinline__ void store_x(const HcArgs& a, int t, int64_t d4, float4 v, float rn) {
+  store_x(a, t, d4, v, rn, a.norm_w ? __ldg(reinterpret_cast<const float4*>(a.norm_w) + d4) : float4{});
 }
 #endif
 

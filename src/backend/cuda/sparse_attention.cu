@@ -211,13 +211,29 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_kernel(Params p) {
 // The output epilogue (SparseAttentionArgs::rope_pos / out16) on dims 4 * tid .. 4 * tid + 3 of head h of
 // query qi, final values v: the RoPE dims hold two whole pairs per thread (the rotated block starts at a
 // multiple of 4: rope_n_freq is even), rotated as glue's heads_norm_rope(inverse) does, then written.
-__device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, int h, int tid, float4 v) {
+// The epilogue's inputs of a thread (position and the two inverse frequencies of its RoPE pairs), read by the
+// caller ahead of the values (rope_load) so that their latency is not added after the last partial arrives.
+struct RopeIn {
+  int64_t pos = 0;
+  float f0 = 0.f, f1 = 0.f;
+};
+__device__ __forceinline__ RopeIn rope_load(const SparseAttentionArgs& a, int qi, int tid) {
+  RopeIn r;
   const int r0 = kD - 2 * a.rope_n_freq;
   if (a.rope_pos && 4 * tid >= r0) {
-    const int64_t pos = a.rope_pos[qi];
     const int i = (4 * tid - r0) / 2;
-    const float2 x = rope_rotate(v.x, v.y, pos, a.rope_inv_freq[i], true);
-    const float2 y = rope_rotate(v.z, v.w, pos, a.rope_inv_freq[i + 1], true);
+    r.pos = a.rope_pos[qi];
+    r.f0 = a.rope_inv_freq[i];
+    r.f1 = a.rope_inv_freq[i + 1];
+  }
+  return r;
+}
+__device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, int h, int tid, float4 v,
+                                          const RopeIn& rp) {
+  const int r0 = kD - 2 * a.rope_n_freq;
+  if (a.rope_pos && 4 * tid >= r0) {
+    const float2 x = rope_rotate(v.x, v.y, rp.pos, rp.f0, true);
+    const float2 y = rope_rotate(v.z, v.w, rp.pos, rp.f1, true);
     v = make_float4(x.x, x.y, y.x, y.y);
   }
   const int64_t o = (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid;
@@ -239,21 +255,31 @@ __device__ __forceinline__ void write_out(const SparseAttentionArgs& a, int qi, 
 __global__ void __launch_bounds__(128) epilogue_kernel(SparseAttentionArgs a) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int qi = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
+  const RopeIn rp = rope_load(a, qi, tid);
   const float4 v = *reinterpret_cast<const float4*>(a.out + (static_cast<int64_t>(qi) * kH + h) * kD + 4 * tid);
-  write_out(a, qi, h, tid, v);
+  write_out(a, qi, h, tid, v, rp);
 }
 
 // One CTA of 128 threads per (query, head): merges the split partials with the sink (section 1.4 item 6).
 // The partials' (m, l) are read in parallel and every thread forms the same weights and the same L in split
-// order; the 128 threads then add their 4 dims over the splits with independent loads (fixed order).
+// order; the 128 threads then add their 4 dims over the splits with independent loads (fixed order). The
+// first kCombinePre partials' values and the epilogue's inputs are requested together with (m, l), before the
+// weights are known (decode at batch 1 has ~20 splits: they were three more round trips after it).
 constexpr int kMaxSplits = 256;
+constexpr int kCombinePre = 24;
 __global__ void __launch_bounds__(128) combine_kernel(Params p) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float w_s[kMaxSplits], l_s[kMaxSplits], red[4];
   const int qi = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
+  const int64_t base = static_cast<int64_t>(qi) * p.splits * kH + h;  // partial of split s: base + s * kH
+  const float* src = p.part_acc + base * kD + 4 * tid;
+  float4 pre[kCombinePre];
+#pragma unroll
+  for (int s = 0; s < kCombinePre; ++s)
+    if (s < p.splits) pre[s] = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kH * kD);
+  const RopeIn rp = rope_load(p.a, qi, tid);
   const float sk = p.a.sink[h];
   const float sink2 = sk == -INFINITY ? -INFINITY : sk * kLog2e;
-  const int64_t base = static_cast<int64_t>(qi) * p.splits * kH + h;  // partial of split s: base + s * kH
   float mloc = -INFINITY;
   for (int s = tid; s < p.splits; s += 128) {
     const int64_t pi = base + static_cast<int64_t>(s) * kH;
@@ -273,15 +299,21 @@ __global__ void __launch_bounds__(128) combine_kernel(Params p) {
   float L = sk == -INFINITY ? 0.f : exp2f(sink2 - M);
   for (int s = 0; s < p.splits; ++s) L += l_s[s] * w_s[s];
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float* src = p.part_acc + base * kD + 4 * tid;
+#pragma unroll
+  for (int s = 0; s < kCombinePre; ++s)
+    if (s < p.splits) {
+      const float w = w_s[s];
+      const float4 v = pre[s];
+      o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
+    }
 #pragma unroll 8
-  for (int s = 0; s < p.splits; ++s) {
+  for (int s = kCombinePre; s < p.splits; ++s) {
     const float w = w_s[s];
     const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kH * kD);
     o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
-  write_out(p.a, qi, h, tid, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
+  write_out(p.a, qi, h, tid, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv), rp);
 }
 
 // ---- tensor-core kernel ----------------------------------------------------------------------------------

@@ -184,8 +184,20 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
     mark(li, "index.topk");
   };
+  // The slot lists over the layer's pool: the window rows and the CSA selection or every visible HCA entry. They
+  // need only the step's positions and (CSA) the top-k, so with overlap_branches they are built on the branch
+  // stream that runs before the join (CSA: after the top-k; HCA: after the compressor), off the main stream.
+  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
+  const int n_slots = W + extra;
+  bool slots_built = false;
+  auto slot_lists = [&]() {
+    glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W, static_cast<int>(st->ring),
+                      kind == AttnKind::kCSA ? 1 : kind == AttnKind::kHCA ? 2 : 0, r, s.sel, topk, n_slots, s.slots,
+                      stream);
+    slots_built = true;
+  };
   // overlap_branches: the indexer runs on the side stream, its x part from the start, its q part once
-  // q_norm has written s.qr / s.xbq; the main stream waits for it before the slot lists.
+  // q_norm has written s.qr / s.xbq; the main stream waits for it before the attention.
   const bool csa = kind == AttnKind::kCSA, par = csa && overlap(T);
   if (par) {
     hand_over(stream, side, ev_fork);
@@ -203,6 +215,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     hand_over(stream, side2, ev_fork2);
     OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
     compress_main();
+    if (!csa) slot_lists();  // HCA: joined with the compressor (ev_join2)
   }
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
@@ -242,6 +255,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
     index_from_q(qrb);
+    slot_lists();  // after the top-k it reads; joined with the indexer (ev_join)
   }
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
@@ -261,12 +275,8 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   if (par) hand_over(side, stream, ev_join);
   if (par_comp) hand_over(side2, stream, ev_join2);
 
-  // Slot lists over the layer's pool, sparse attention with sinks, inverse RoPE.
-  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
-  const int n_slots = W + extra;
-  glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W, static_cast<int>(st->ring),
-                    kind == AttnKind::kCSA ? 1 : kind == AttnKind::kHCA ? 2 : 0, r, s.sel, topk, n_slots, s.slots,
-                    stream);
+  // Slot lists (unless a branch built them), sparse attention with sinks, inverse RoPE.
+  if (!slots_built) slot_lists();
   cuda::SparseAttentionArgs sa;
   sa.q = s.q;
   sa.kv = P.kv;
@@ -350,9 +360,17 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     OnSide on(*this);
     shared_expert();
   }
-  linear_f32(L.gate.g, s.gate_f32, T, s.router);
-  glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
-              static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
+  // GpuOptions::router_one_launch: at one token the router's linear and the routing in one kernel.
+  const bool one_launch =
+      T == 1 && opt.router_one_launch &&
+      glue::router_route_one_token(L.gate.g, s.x, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens),
+                                   c->norm_topk_prob, static_cast<float>(c->routed_scaling_factor), s.router, s.idx,
+                                   s.wts, s.route_counter, stream);
+  if (!one_launch) {
+    linear_f32(L.gate.g, s.gate_f32, T, s.router);
+    glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
+                static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
+  }
   mark(li, "router");
   bool accumulate = false;
   if (L.has_shared) {
@@ -399,10 +417,16 @@ void GpuModel::Impl::layer(int li, int T) {
     a.workspace = s.hc_ws;
     if (opt.hc_one_kernel) a.counter = s.hc_counter;
     a.norm_w = norm_w;  // the sub-layer's RMSNorm, fused
+    if (opt.hc_comb_on_side && overlap(T) && T <= cuda::kHcFusedPostTokens) a.comb_logits = s.comb_logits;
     return a;
   };
   auto run_pre = [&](const cuda::HcArgs& a) {
     cuda::hc_pre(a, stream);
+    if (a.comb_logits) {  // GpuOptions::hc_comb_on_side: comb on side2, joined before its reader (join_comb)
+      hand_over(stream, side2, ev_comb);
+      cuda::hc_sinkhorn(a.comb_logits, a.comb, T, a.sinkhorn_iters, a.hc_eps, side2);
+      comb_on_side = true;
+    }
     mark(li, "hc_pre+norm");
   };
   auto post = [&]() {
@@ -411,8 +435,12 @@ void GpuModel::Impl::layer(int li, int T) {
     float* next = h_cur == s.h ? s.res : s.h;
     // Fused into the next hc_pre / hc_head in the range where they fuse it (cuda::kHcFusedPostTokens); with the
     // profile on, hc_post keeps its own launch and mark.
-    if (T <= cuda::kHcFusedPostTokens && !opt.profile_layers) pending_res = h_cur;
-    else cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
+    if (T <= cuda::kHcFusedPostTokens && !opt.profile_layers) {
+      pending_res = h_cur;
+    } else {
+      join_comb();
+      cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
+    }
     h_cur = next;
     mark(li, "hc_post");
   };
@@ -439,6 +467,7 @@ void GpuModel::Impl::layer(int li, int T) {
 void GpuModel::Impl::take_pending_post(cuda::HcArgs& a) {
   a.h = h_cur;
   if (!pending_res) return;
+  join_comb();  // the fused hc_post reads s.comb
   a.prev_y = s.y, a.prev_res = pending_res, a.prev_post = s.post, a.prev_comb = s.comb;
   pending_res = nullptr;
 }
@@ -455,6 +484,7 @@ void GpuModel::Impl::run_step(int T) {
   mark("start");
   h_cur = s.h;  // every step starts here, so a captured step replays the same buffer sequence
   pending_res = nullptr;
+  join_comb();  // (a no-op: the last hc_pre's comb was joined by the previous step's hc_head)
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, h_cur, stream);
   mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);

@@ -29,7 +29,7 @@ GpuModel::Impl::~Impl() {
   if (side2) cudaStreamSynchronize(side2);
   cudalin::workspace_destroy(ws);
   if (ws_side.partial) cudalin::workspace_destroy(ws_side);
-  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2, ev_kv})
+  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2, ev_kv, ev_comb, ev_comb_join})
     if (e) cudaEventDestroy(e);
   if (side) cudaStreamDestroy(side);
   if (side2) cudaStreamDestroy(side2);
@@ -70,6 +70,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.y = f(T * D);
   s.post = f(T * n);
   s.comb = f(T * n * n);
+  s.comb_logits = f(T * n * n);
   s.qr = f(T * qlr);
   s.qkv = f(T * (qlr + hd));
   s.q = f(T * H * hd);
@@ -105,8 +106,9 @@ void GpuModel::Impl::alloc_scratch() {
   s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);
   s.slots = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * s.max_slots));
   s.hc_ws = dalloc(cuda::hc_workspace_bytes(static_cast<int>(T), D));
-  s.hc_counter = static_cast<int*>(dalloc(sizeof(int)));
-  cuda::check(cudaMemset(s.hc_counter, 0, sizeof(int)), "zero the hc counter");
+  s.hc_counter = static_cast<int*>(dalloc(2 * sizeof(int)));
+  cuda::check(cudaMemset(s.hc_counter, 0, 2 * sizeof(int)), "zero the hc and router counters");
+  s.route_counter = s.hc_counter + 1;
   s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
   s.logits_host = static_cast<float*>(halloc(sizeof(float) * logits_cap * V));
   s.next = static_cast<int32_t*>(dalloc(sizeof(int32_t) * 2 * T));
@@ -298,7 +300,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   if (opt.overlap_branches) {
     cuda::check(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
     cuda::check(cudaStreamCreateWithFlags(&im.side2, cudaStreamNonBlocking), "cudaStreamCreate (side2)");
-    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv})
+    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv, &im.ev_comb,
+                           &im.ev_comb_join})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
   }
   im.w.upload(m->host_->weights(), c, opt.progress);
@@ -329,6 +332,12 @@ GpuModel::~GpuModel() = default;
 void GpuModel::Impl::hand_over(cudaStream_t from, cudaStream_t to, cudaEvent_t e) {
   cuda::check(cudaEventRecord(e, from), "branch event record");
   cuda::check(cudaStreamWaitEvent(to, e, 0), "branch event wait");
+}
+
+void GpuModel::Impl::join_comb() {
+  if (!comb_on_side) return;
+  hand_over(side2, stream, ev_comb_join);
+  comb_on_side = false;
 }
 
 void GpuModel::Impl::mark(const std::string& name) {

@@ -70,6 +70,14 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
+  // With overlap_branches, in steps of at most cuda::kHcFusedPostTokens tokens each hc_pre leaves comb's
+  // Sinkhorn (40 dependent divisions, ~2 us: the longest path of its finish block) to cuda::hc_sinkhorn on
+  // the compressor's stream (HcArgs::comb_logits); the next reader of comb (the next hc_post, fused into the
+  // next hc_pre or hc_head) waits for it. Same results, bit for bit. Off: inside hc_pre.
+  bool hc_comb_on_side = true;
+  // One-token steps run the router's BF16 linear and the routing as one kernel (glue::router_route_one_token:
+  // the last block to finish its logit routes). Same results, bit for bit. Off: two launches.
+  bool router_one_launch = true;
   // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
   // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
   // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8

@@ -2,9 +2,11 @@
 //
 // Launch 1: cuda::topk_rows selects the top C = min(2048, vocab) logits of every row (exact, lowest id among
 //   equal values, NaN / -inf never selected) into the workspace.
-// Launch 2: one 512-thread block per row (4 candidates per thread; 1024 threads would cap registers at 64).
-//   a. max, argmax (lowest id among equal maxima, -0 == +0), smallest finite logit, NaN / +inf check.
-//      Greedy rows (temperature 0 or top_k 1) end here.
+// Launch 2: one 512-thread block per row (4 candidates per thread; 1024 threads would cap registers at 64), in
+//   a cluster of kScanCtas blocks that share step a:
+//   a. max, argmax (lowest id among equal maxima, -0 == +0), smallest finite logit, NaN / +inf check. Each
+//      block of the cluster scans 1 / kScanCtas of the row; block 0 merges the results through distributed
+//      shared memory and alone goes on. Greedy rows (temperature 0 or top_k 1) end here.
 //   b. The candidates are sorted in shared memory by (logit desc, id asc): bitonic sort of 64-bit keys.
 //   c. Weights w = exp((l - max) / T) in double (the CPU's formula); S = their double sum over the top-k set
 //      (top_k in (0, C]) or over the whole vocabulary (top_k == 0 or >= vocab). Sums are fixed-order trees
@@ -16,6 +18,8 @@
 //      distribution): per-thread contiguous chunks, a block scan of the chunk sums, the chunk holding r
 //      walked by its thread.
 //   Anything that would need logits past the C candidates (and is not the whole vocabulary) is status 2.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -28,9 +32,14 @@
 
 namespace dsv4::glue {
 namespace {
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+// Blocks per row for the scan of step a (a portable cluster size). One block reading the whole row (0.5 MB at
+// V4's vocabulary) took 19 us at one row on the H200 even with float4 loads (Nsight Compute, run 111): a single
+// SM's share of the memory system; 8 SMs read it in a fraction of that.
+constexpr int kScanCtas = 8;
 constexpr int kCand = 2048;  // candidates per row (the most cuda::topk_rows selects)
 constexpr int kPer = kCand / kThreads;  // candidates per thread, contiguous: [kPer * tid, kPer * tid + kPer)
 static_assert(kPer * kThreads == kCand && kPer >= 2, "candidates split evenly");
@@ -43,6 +52,9 @@ struct Smem {
   int wi[kWarps];
   int first;  // block-wide min / max of an index (atomics)
   int last;
+  // Step a's result of this block (read by block 0 of the cluster).
+  float scan_max, scan_min;
+  int scan_arg, scan_bad;
 };
 
 __device__ __forceinline__ double warp_sum_d(double v) {
@@ -127,14 +139,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                   int32_t* __restrict__ out_status) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ Smem sm;
-  const int row = blockIdx.x;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int row = blockIdx.x / kScanCtas, rank = static_cast<int>(cluster.block_rank());
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* x = logits + static_cast<int64_t>(row) * vocab;
   const SampleRowParams p = params[row];
   const int V = static_cast<int>(vocab);  // <= 2^24 (host check)
 
   auto finish = [&](int32_t token, int32_t status) {
-    if (tid == 0) {
+    if (tid == 0 && rank == 0) {
       out_token[row] = token;
       out_status[row] = status;
     }
@@ -144,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!(p.temperature >= 0.0f) || !isfinite(p.temperature) || p.top_k < 0 || !(p.top_p > 0.0f && p.top_p <= 1.0f) ||
       !(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
     finish(-1, kSampleBadParams);
-    return;  // uniform over the block: every thread read the same parameters
+    return;  // uniform over the cluster: every thread read the same parameters
   }
 
   // ---- a. max / argmax / min finite / non-finite -------------------------------------------------------------
@@ -152,9 +165,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int bi = -1;
   bool bad = false;
   // Ascending i per thread (strict > keeps the lowest id); the reductions below are order-free (`better` is a
-  // total order, min and or), so any split of the row over the threads gives the same result. One block reads
-  // the whole row (0.5 MB at V4's vocabulary): float4 loads, 4 in flight per thread (a scalar loop with one
-  // load in flight took 36 us at one row on the H200, Nsight Compute in run 110).
+  // total order, min and or), so any split of the row over the threads and blocks gives the same result. Block
+  // `rank` of the cluster scans float4s [n4 rank / kScanCtas, n4 (rank + 1) / kScanCtas) and its share of the
+  // scalar rest; 4 float4 loads in flight per thread (a scalar loop with one load in flight in one block took
+  // 36 us at one row on the H200, Nsight Compute in run 110).
   auto visit = [&](float v, int i) {
     bad |= isnan(v) || v == INFINITY;
     if (bi < 0 || v > bv) {
@@ -167,19 +181,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     constexpr int kUnroll = 4;
     const int n4 = V / 4;
+    const int e4 = static_cast<int>(static_cast<int64_t>(n4) * (rank + 1) / kScanCtas);
     const float4* x4 = reinterpret_cast<const float4*>(x);
     head = 4 * n4;
-    for (int b = 0; b < n4; b += kUnroll * kThreads) {
+    for (int b = static_cast<int>(static_cast<int64_t>(n4) * rank / kScanCtas); b < e4; b += kUnroll * kThreads) {
       float4 f[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int i4 = b + u * kThreads + tid;
-        f[u] = i4 < n4 ? __ldg(x4 + i4) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        f[u] = i4 < e4 ? __ldg(x4 + i4) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int i4 = b + u * kThreads + tid;
-        if (i4 < n4) {
+        if (i4 < e4) {
           visit(f[u].x, 4 * i4);
           visit(f[u].y, 4 * i4 + 1);
           visit(f[u].z, 4 * i4 + 2);
@@ -188,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  for (int i = head + tid; i < V; i += kThreads) visit(x[i], i);
+  for (int i = head + rank * kThreads + tid; i < V; i += kScanCtas * kThreads) visit(x[i], i);
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -214,6 +229,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     lmin = fminf(lmin, static_cast<float>(sm.wd[w]));
   }
+  // The cluster's blocks: block 0 merges every block's result (the same order-free reductions) and goes on.
+  if (tid == 0) {
+    sm.scan_max = mx;
+    sm.scan_arg = amax;
+    sm.scan_min = lmin;
+    sm.scan_bad = bad;
+  }
+  cluster.sync();  // every block's result is published
+  if (rank == 0) {
+    for (int q = 1; q < kScanCtas; ++q) {
+      const Smem* o = cluster.map_shared_rank(&sm, q);
+      if (better(o->scan_max, o->scan_arg, mx, amax)) {
+        mx = o->scan_max;
+        amax = o->scan_arg;
+      }
+      lmin = fminf(lmin, o->scan_min);
+      bad = bad || o->scan_bad;
+    }
+  }
+  cluster.sync();  // block 0 has read the others' results: they may leave
+  if (rank != 0) return;
   __syncthreads();
   if (bad) {
     finish(-1, kSampleNonFinite);
@@ -382,14 +418,16 @@ size_t sample_workspace_bytes(int rows, int64_t vocab) {
 void sample_rows(const float* logits, int rows, int64_t vocab, const SampleRowParams* params, int32_t* out_token,
                  int32_t* out_status, void* workspace, cudaStream_t stream, bool all_greedy) {
   if (vocab < 1 || vocab > (int64_t{1} << 24)) fail("glue::sample_rows: vocab ", vocab, " is not supported (1 .. 2^24)");
-  if (rows < 0 || rows > (1 << 30)) fail("glue::sample_rows: ", rows, " rows is not supported");
+  if (rows < 0 || rows > (1 << 27)) fail("glue::sample_rows: ", rows, " rows is not supported (at most 2^27)");
   if (rows == 0) return;
   if (workspace == nullptr || params == nullptr || out_token == nullptr || out_status == nullptr)
     fail("glue::sample_rows: null device pointer");
   const int C = static_cast<int>(std::min<int64_t>(kCand, vocab));
   int32_t* cand = static_cast<int32_t*>(workspace);
   if (!all_greedy) cuda::topk_rows(logits, vocab, vocab, nullptr, rows, C, cand, stream);
-  cuda::check(cuda::launch(sample_kernel, dim3(rows), dim3(kThreads), 0, stream, logits, vocab, C, params, cand, out_token, out_status), "sample_kernel launch");
+  cuda::check(cuda::launch_cluster(sample_kernel, dim3(static_cast<unsigned>(rows) * kScanCtas), dim3(kThreads), 0,
+                                   stream, kScanCtas, logits, vocab, C, params, cand, out_token, out_status),
+              "sample_kernel launch");
 }
 
 }  // namespace dsv4::glue
