@@ -363,7 +363,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side) and comb's Sinkhorn there (hc_comb_on_side).
+// on the third stream (kv_row_on_side), comb's Sinkhorn there (hc_comb_on_side), the slot lists on the branch
+// streams (slots_on_branches) and, on one stream, the one-launch router (router_one_launch).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -382,10 +383,16 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row on the side, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, KV row on the side, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    two.hc_comb_on_side = true;  // and comb's Sinkhorn on the compressor's stream (the defaults)
+    two.hc_comb_on_side = true;  // and comb's Sinkhorn on the compressor's stream
+    two.slots_on_branches = false;
     expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row and comb on the side, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, KV row and comb on the side, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
+    two.slots_on_branches = true;
+    one.router_one_launch = true;  // the router in one launch, on one stream
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, one-launch router, vs two launches (graphs)"
+                            : "selective model, kernels, fp8 KV, one-launch router, vs two launches (eager)",
+                     gpu(1, one, c, 40), want);
   }
 }
 

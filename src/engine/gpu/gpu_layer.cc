@@ -186,7 +186,8 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   };
   // The slot lists over the layer's pool: the window rows and the CSA selection or every visible HCA entry. They
   // need only the step's positions and (CSA) the top-k, so with overlap_branches they are built on the branch
-  // stream that runs before the join (CSA: after the top-k; HCA: after the compressor), off the main stream.
+  // stream that runs before the join (CSA: after the top-k; HCA: after the compressor), off the main stream
+  // (GpuOptions::slots_on_branches).
   const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
   const int n_slots = W + extra;
   bool slots_built = false;
@@ -215,7 +216,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     hand_over(stream, side2, ev_fork2);
     OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
     compress_main();
-    if (!csa) slot_lists();  // HCA: joined with the compressor (ev_join2)
+    if (!csa && opt.slots_on_branches) slot_lists();  // HCA: joined with the compressor (ev_join2)
   }
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
@@ -255,7 +256,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
     index_from_q(qrb);
-    slot_lists();  // after the top-k it reads; joined with the indexer (ev_join)
+    if (opt.slots_on_branches) slot_lists();  // after the top-k it reads; joined with the indexer (ev_join)
   }
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);

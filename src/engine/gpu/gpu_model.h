@@ -73,11 +73,17 @@ struct GpuOptions {
   // With overlap_branches, in steps of at most cuda::kHcFusedPostTokens tokens each hc_pre leaves comb's
   // Sinkhorn (40 dependent divisions, ~2 us: the longest path of its finish block) to cuda::hc_sinkhorn on
   // the compressor's stream (HcArgs::comb_logits); the next reader of comb (the next hc_post, fused into the
-  // next hc_pre or hc_head) waits for it. Same results, bit for bit. Off: inside hc_pre.
-  bool hc_comb_on_side = true;
+  // next hc_pre or hc_head) waits for it. Same results, bit for bit. Off by default: H200 run 112, batch-1 step
+  // 7.073 ms off against 7.281 on (the join before every hc_pre costs more than the Sinkhorn it takes off).
+  bool hc_comb_on_side = false;
   // One-token steps run the router's BF16 linear and the routing as one kernel (glue::router_route_one_token:
-  // the last block to finish its logit routes). Same results, bit for bit. Off: two launches.
-  bool router_one_launch = true;
+  // the last block to finish its logit routes). Same results, bit for bit. Off by default: H200 run 112,
+  // batch-1 step 7.281 ms on against 7.221 off (with hc_comb_on_side); run 113 measures it with the defaults.
+  bool router_one_launch = false;
+  // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
+  // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
+  // bit. Off: on the main stream after the joins.
+  bool slots_on_branches = true;
   // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
   // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
   // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8
