@@ -363,8 +363,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side), comb's Sinkhorn there (hc_comb_on_side), the slot lists on the branch
-// streams (slots_on_branches) and, on one stream, the one-launch router (router_one_launch).
+// on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches) and, on one
+// stream, the one-launch router (router_one_launch).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -373,7 +373,6 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     one.overlap_branches = false;
     two.overlap_branches = true;
     two.kv_row_on_side = false;  // the window KV row's encode on the main stream
-    two.hc_comb_on_side = false;  // comb's Sinkhorn inside hc_pre
     one.cuda_graphs = two.cuda_graphs = graphs;
     const auto want = gpu(1, one, c, 40);
     expect_identical(graphs ? "selective model, kernels, fp8 KV, two streams vs one (graphs)"
@@ -383,12 +382,10 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row on the side, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, KV row on the side, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    two.hc_comb_on_side = true;  // and comb's Sinkhorn on the compressor's stream
-    two.slots_on_branches = false;
-    expect_identical(graphs ? "selective model, kernels, fp8 KV, KV row and comb on the side, vs one stream (graphs)"
-                            : "selective model, kernels, fp8 KV, KV row and comb on the side, vs one stream (eager)",
+    two.slots_on_branches = false;  // the slot lists on the main stream
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, slot lists on the main stream, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, slot lists on the main stream, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    two.slots_on_branches = true;
     one.router_one_launch = true;  // the router in one launch, on one stream
     expect_identical(graphs ? "selective model, kernels, fp8 KV, one-launch router, vs two launches (graphs)"
                             : "selective model, kernels, fp8 KV, one-launch router, vs two launches (eager)",

@@ -74,11 +74,6 @@ struct HcArgs {
   float* x = nullptr;          // [n_tokens, dim]: hc_pre's sub-layer input / hc_head's y
   float* post = nullptr;       // [n_tokens, n]    (hc_pre only)
   float* comb = nullptr;       // [n_tokens, n*n]  (hc_pre only)
-  // Optional (hc_pre, at most kHcFusedPostTokens tokens): comb's 16 Sinkhorn inputs per token go here instead,
-  // and comb is left to hc_sinkhorn(comb_logits, comb, n_tokens, ...) (the same arithmetic: bit for bit what
-  // hc_pre writes), which may run on another stream. At decode the Sinkhorn (40 dependent divisions, ~2 us) is
-  // the longest path of hc_pre's finish, and comb is only read by the next hc_post.
-  float* comb_logits = nullptr;  // [n_tokens, n*n]
   void* workspace = nullptr;   // hc_workspace_bytes(n, dim) bytes for some n >= n_tokens (split-K partials)
   // Optional fusions of what follows in the block (spec 2.3): x = RMSNorm(x) * norm_w with norm_eps
   // (cpu::rmsnorm's formula) when norm_w is set, xb = bf16(x) (round to nearest even) when xb is set, and

@@ -123,8 +123,8 @@ constexpr int kSumLanes = 16;            // threads per mix summing the KS parti
 __device__ __forceinline__ void x_warps_barrier() { asm volatile("bar.sync 1, %0;" ::"n"(kFinX) : "memory"); }
 
 // Warps 0..14 of finish_token: x = sum_j pre_j h_j, the optional RMSNorm and the 16-bit copies.
-template <int M>
 // scale0 = a.scale[0], base = a.base[0..kN), nw = norm_w's float4s of this thread: read by the caller.
+template <int M>
 __device__ __forceinline__ void finish_x(const HcArgs& a, int t, const float4 (&hv)[kFinVec][kN], const float* mix,
                                          double* part, float r, float scale0, const float (&base)[kN],
                                          const float4 (&nw)[kFinVec]) {
@@ -185,7 +185,7 @@ __device__ __forceinline__ void finish_token(const HcArgs& a, int ks_count, int 
   const float4* h = reinterpret_cast<const float4*>(a.h + t * K);
   float4 hv[kFinVec][kN];
   // The weights the finish reads (base, scale, norm_w) go out with h and the partials: read after the sums
-  // (as before run 111), each was one more DRAM round trip on the block's chain (the weight stream of a decode
+  // (until run 111), each was one more DRAM round trip on the block's chain (the weight stream of a decode
   // step evicts them from L2 between layers).
   float base[kN], scale0 = __ldg(a.scale), scale_pc[2] = {0.f, 0.f}, base_post = 0.f, base_comb = 0.f;
   float4 nw[kFinVec];
@@ -222,13 +222,8 @@ __device__ __forceinline__ void finish_token(const HcArgs& a, int ks_count, int 
     if constexpr (M == kMaxMix) {
       if (lane < kN) a.post[t * kN + lane] = 2.0f * sigmoidf(mix[kN + lane] * r * scale_pc[0] + base_post);
       const int l = lane & 15;
-      const float logit = mix[2 * kN + l] * r * scale_pc[1] + base_comb;
-      if (a.comb_logits) {  // the caller runs the Sinkhorn (hc_sinkhorn), e.g. on another stream
-        if (lane < 16) a.comb_logits[t * kN * kN + l] = logit;
-      } else {
-        const float c = sinkhorn_lane(logit, a.sinkhorn_iters, a.hc_eps);
-        if (lane < 16) a.comb[t * kN * kN + l] = c;
-      }
+      const float c = sinkhorn_lane(mix[2 * kN + l] * r * scale_pc[1] + base_comb, a.sinkhorn_iters, a.hc_eps);
+      if (lane < 16) a.comb[t * kN * kN + l] = c;
     }
   } else {
     finish_x<M>(a, t, hv, mix, part, r, scale0, base, nw);
@@ -307,8 +302,6 @@ void validate(const HcArgs& a, const char* who, bool pre) {
       reinterpret_cast<uintptr_t>(a.prev_y) % 16 || reinterpret_cast<uintptr_t>(a.prev_res) % 16)
     fail("cuda::", who, ": h, fn, x, norm_w, prev_y and prev_res must be 16-byte aligned, xb and xh 8-byte aligned");
   if (pre && a.sinkhorn_iters < 1) fail("cuda::", who, ": sinkhorn_iters=", a.sinkhorn_iters, " must be >= 1");
-  if (a.comb_logits && (!pre || a.n_tokens > kHcFusedPostTokens))
-    fail("cuda::", who, ": comb_logits is for hc_pre of at most ", kHcFusedPostTokens, " tokens (", a.n_tokens, " given)");
   if (a.prev_y && (!a.prev_res || !a.prev_post || !a.prev_comb || a.prev_res == a.h))
     fail("cuda::", who, ": the fused hc_post needs prev_res, prev_post and prev_comb, and h must not alias prev_res");
 }

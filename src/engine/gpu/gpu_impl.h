@@ -58,7 +58,7 @@ struct StepMeta {
 
 struct Scratch {
   // h and res: the hyper-connection streams [cap, hc_mult, hidden], used in turn (GpuModel::Impl::h_cur).
-  float *h, *res, *x, *y, *post, *comb, *comb_logits, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
+  float *h, *res, *x, *y, *post, *comb, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
   uint16_t* xb;             // 16-bit activations of the linear at hand (bf16, or f16: GpuOptions::f16_activations)
   // Buffers only steps of <= 64 tokens use (the side streams, f16 activations and the grouped GEMV run only
@@ -111,11 +111,6 @@ struct GpuModel::Impl {
   // kernels there, so it needs no GEMV workspace), with its own fork / join events.
   cudaStream_t side2 = nullptr;
   cudaEvent_t ev_fork2 = nullptr, ev_join2 = nullptr, ev_kv = nullptr;  // ev_kv: GpuOptions::kv_row_on_side
-  // GpuOptions::hc_comb_on_side: comb's Sinkhorn forked onto side2 after an hc_pre (ev_comb), and joined back
-  // (ev_comb_join, join_comb) before the next reader of s.comb.
-  cudaEvent_t ev_comb = nullptr, ev_comb_join = nullptr;
-  bool comb_on_side = false;  // a Sinkhorn on side2 has not been joined yet
-  void join_comb();
   DeviceWeights w;
   std::unique_ptr<DeviceState> st;
   const float *freq_window = nullptr, *freq_comp = nullptr;

@@ -418,16 +418,10 @@ void GpuModel::Impl::layer(int li, int T) {
     a.workspace = s.hc_ws;
     if (opt.hc_one_kernel) a.counter = s.hc_counter;
     a.norm_w = norm_w;  // the sub-layer's RMSNorm, fused
-    if (opt.hc_comb_on_side && overlap(T) && T <= cuda::kHcFusedPostTokens) a.comb_logits = s.comb_logits;
     return a;
   };
   auto run_pre = [&](const cuda::HcArgs& a) {
     cuda::hc_pre(a, stream);
-    if (a.comb_logits) {  // GpuOptions::hc_comb_on_side: comb on side2, joined before its reader (join_comb)
-      hand_over(stream, side2, ev_comb);
-      cuda::hc_sinkhorn(a.comb_logits, a.comb, T, a.sinkhorn_iters, a.hc_eps, side2);
-      comb_on_side = true;
-    }
     mark(li, "hc_pre+norm");
   };
   auto post = [&]() {
@@ -436,12 +430,8 @@ void GpuModel::Impl::layer(int li, int T) {
     float* next = h_cur == s.h ? s.res : s.h;
     // Fused into the next hc_pre / hc_head in the range where they fuse it (cuda::kHcFusedPostTokens); with the
     // profile on, hc_post keeps its own launch and mark.
-    if (T <= cuda::kHcFusedPostTokens && !opt.profile_layers) {
-      pending_res = h_cur;
-    } else {
-      join_comb();
-      cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
-    }
+    if (T <= cuda::kHcFusedPostTokens && !opt.profile_layers) pending_res = h_cur;
+    else cuda::hc_post(T, D, n, s.y, h_cur, s.post, s.comb, next, stream);
     h_cur = next;
     mark(li, "hc_post");
   };
@@ -468,7 +458,6 @@ void GpuModel::Impl::layer(int li, int T) {
 void GpuModel::Impl::take_pending_post(cuda::HcArgs& a) {
   a.h = h_cur;
   if (!pending_res) return;
-  join_comb();  // the fused hc_post reads s.comb
   a.prev_y = s.y, a.prev_res = pending_res, a.prev_post = s.post, a.prev_comb = s.comb;
   pending_res = nullptr;
 }
@@ -485,7 +474,6 @@ void GpuModel::Impl::run_step(int T) {
   mark("start");
   h_cur = s.h;  // every step starts here, so a captured step replays the same buffer sequence
   pending_res = nullptr;
-  join_comb();  // (a no-op: the last hc_pre's comb was joined by the previous step's hc_head)
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, h_cur, stream);
   mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);

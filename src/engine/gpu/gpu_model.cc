@@ -29,7 +29,7 @@ GpuModel::Impl::~Impl() {
   if (side2) cudaStreamSynchronize(side2);
   cudalin::workspace_destroy(ws);
   if (ws_side.partial) cudalin::workspace_destroy(ws_side);
-  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2, ev_kv, ev_comb, ev_comb_join})
+  for (cudaEvent_t e : {ev_fork, ev_mid, ev_join, ev_fork2, ev_join2, ev_kv})
     if (e) cudaEventDestroy(e);
   if (side) cudaStreamDestroy(side);
   if (side2) cudaStreamDestroy(side2);
@@ -70,7 +70,6 @@ void GpuModel::Impl::alloc_scratch() {
   s.y = f(T * D);
   s.post = f(T * n);
   s.comb = f(T * n * n);
-  s.comb_logits = f(T * n * n);
   s.qr = f(T * qlr);
   s.qkv = f(T * (qlr + hd));
   s.q = f(T * H * hd);
@@ -300,8 +299,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   if (opt.overlap_branches) {
     cuda::check(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
     cuda::check(cudaStreamCreateWithFlags(&im.side2, cudaStreamNonBlocking), "cudaStreamCreate (side2)");
-    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv, &im.ev_comb,
-                           &im.ev_comb_join})
+    for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
   }
   im.w.upload(m->host_->weights(), c, opt.progress);
@@ -332,12 +330,6 @@ GpuModel::~GpuModel() = default;
 void GpuModel::Impl::hand_over(cudaStream_t from, cudaStream_t to, cudaEvent_t e) {
   cuda::check(cudaEventRecord(e, from), "branch event record");
   cuda::check(cudaStreamWaitEvent(to, e, 0), "branch event wait");
-}
-
-void GpuModel::Impl::join_comb() {
-  if (!comb_on_side) return;
-  hand_over(side2, stream, ev_comb_join);
-  comb_on_side = false;
 }
 
 void GpuModel::Impl::mark(const std::string& name) {
