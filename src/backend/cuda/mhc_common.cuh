@@ -20,27 +20,26 @@ constexpr int kMaxKs = 128;             // split-K partials per token, at most
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // Sinkhorn of one 4x4 matrix held by 16 consecutive lanes (lane l holds c[l/4][l%4]); every lane of the warp
-// must call it. The steps are cpu::sinkhorn's; only the 4-term sums are pairwise (butterfly shuffles) instead of
-// sequential, so results differ from the CPU in the last bits. 40 dependent divisions instead of 640 serial
-// ones in one thread.
+// must call it. The steps are cpu::sinkhorn's; only the 4-term sums are pairwise, (a + b) + (c + d) over the
+// lanes l, l^1, l^2, l^3 (rows) or l, l^4, l^8, l^12 (columns), instead of sequential, so results differ from the
+// CPU in the last bits. 40 dependent divisions instead of 640 serial ones in one thread. A 4-term sum takes
+// its three other terms with three independent shuffles (one shuffle latency), not two dependent butterfly
+// rounds (two): the same additions in the same order, so the same bits as the butterfly it replaced
+// (eighteenth session; the chain is ~40 x (shuffle + 3 adds + division), the longest path of hc_pre's finish).
+__device__ __forceinline__ float sum4_lanes(float v, int m1, int m2) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const float a = __shfl_xor_sync(kAll, v, m1), b = __shfl_xor_sync(kAll, v, m2),
+              c = __shfl_xor_sync(kAll, v, m1 ^ m2);
+  return (v + a) + (b + c);
+}
 __device__ __forceinline__ float sinkhorn_lane(float c, int iters, float eps) {
   constexpr unsigned kAll = 0xffffffffu;
-  float mx = fmaxf(c, __shfl_xor_sync(kAll, c, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 2));
+  const float m1 = __shfl_xor_sync(kAll, c, 1), m2 = __shfl_xor_sync(kAll, c, 2), m3 = __shfl_xor_sync(kAll, c, 3);
+  const float mx = fmaxf(fmaxf(c, m1), fmaxf(m2, m3));
   const float e = expf(c - mx);
-  float s = e + __shfl_xor_sync(kAll, e, 1);
-  s += __shfl_xor_sync(kAll, s, 2);
-  c = e / s + eps;
-  auto col = [&] {
-    float t = c + __shfl_xor_sync(kAll, c, 4);
-    t += __shfl_xor_sync(kAll, t, 8);
-    c /= (t + eps);
-  };
-  auto row = [&] {
-    float t = c + __shfl_xor_sync(kAll, c, 1);
-    t += __shfl_xor_sync(kAll, t, 2);
-    c /= (t + eps);
-  };
+  c = e / sum4_lanes(e, 1, 2) + eps;
+  auto col = [&] { c /= (sum4_lanes(c, 4, 8) + eps); };
+  auto row = [&] { c /= (sum4_lanes(c, 1, 2) + eps); };
   col();
   for (int it = 0; it < iters - 1; ++it) {
     row();
