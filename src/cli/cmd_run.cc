@@ -70,7 +70,7 @@ int cmd_run(int argc, char** argv) {
   const long long chunk = a.get_int("chunk", 0);
   if (chunk < 0) fail("--chunk must be >= 0");
   // cuda: 0 (the default) takes prefill steps of kDefaultCudaPrefillChunk tokens rather than one token at a
-  // time, which runs at the batch-1 decode rate (V4-Flash width on an H200: ~7,800 against ~138 tok/s,
+  // time, which runs at the batch-1 decode rate (V4-Flash width on an H200: ~7,800 against ~140 tok/s,
   // docs/PERFORMANCE.md); the engine checks its own range.
   ro.prefill_chunk = chunk == 0 ? kDefaultCudaPrefillChunk : static_cast<int>(std::min<long long>(chunk, 1 << 30));
 
