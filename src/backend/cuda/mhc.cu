@@ -66,44 +66,53 @@ __device__ __forceinline__ void prefetch_fn_l2(const HcArgs& a, int w, int cpw, 
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a.fn + (i / lines) * K + c0 * kKc + (i % lines) * 32));
 }
 
-// One warp: token t's M + 1 sums over K range w (chunks [w*cpw, (w+1)*cpw)), reduced across lanes (butterfly,
-// fixed order) into the workspace [KS][T][M+1]; with HcArgs::prev_* it forms the previous hc_post's output for
-// its float4s first and writes it to h.
-template <int M>
-__device__ __forceinline__ void mix_token(const HcArgs& a, int w, int cpw, int t) {
-  const int lane = threadIdx.x & 31, n_tokens = a.n_tokens;
+// Warp `sub` of S: token t's sums over K range w (chunks [w*cpw, (w+1)*cpw)) for its share of the M mixes,
+// mixes m0 .. m0 + MS - 1 (MS = ceil(M / S), m0 = sub * MS), and for sub 0 also the sum of squares (index M),
+// each reduced across lanes (butterfly, fixed order) into the workspace [KS][T][M+1]. A sum's arithmetic does
+// not depend on S (S only spreads the sums over warps), so the bits do not either. With HcArgs::prev_* every
+// warp forms the previous hc_post's output for its float4s (the same loads) and warp 0 writes it to h. fn's
+// loads are issued before h's: they are independent, and issued after them (as until the eighteenth session,
+// one warp, all 24 mixes) they were a second round trip after the fused hc_post's loads.
+template <int M, int S>
+__device__ __forceinline__ void mix_token(const HcArgs& a, int w, int cpw, int t, int sub) {
+  constexpr int MS = (M + S - 1) / S;
+  static_assert(MS < 32, "lane MS holds the sum of squares");
+  const int lane = threadIdx.x & 31, n_tokens = a.n_tokens, m0 = sub * MS;
   const int64_t D = a.dim, K = kN * D;
   const float* __restrict__ fn = a.fn;
   float* __restrict__ ws = static_cast<float*>(a.workspace);
   const int64_t n_chunks = K / kKc, c0 = static_cast<int64_t>(w) * cpw, c1 = min(c0 + cpw, n_chunks);
-  float acc[M + 1];
+  float acc[MS + 1];
 #pragma unroll
-  for (int m = 0; m <= M; ++m) acc[m] = 0.f;
+  for (int i = 0; i <= MS; ++i) acc[i] = 0.f;
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t k0 = c * kKc + 4 * lane;
+    float4 f[MS];
+#pragma unroll
+    for (int i = 0; i < MS; ++i)
+      f[i] = m0 + i < M ? __ldg(reinterpret_cast<const float4*>(fn + (m0 + i) * K + k0)) : make_float4(0.f, 0.f, 0.f, 0.f);
     float4 hv;
     if (a.prev_y) {  // the fused hc_post: this lane's 4 elements of h, written and used
       hv = post_float4(a.prev_y, a.prev_res, a.prev_post, a.prev_comb, t, D, static_cast<int>(k0 / D), (k0 % D) / 4);
-      *reinterpret_cast<float4*>(const_cast<float*>(a.h) + t * K + k0) = hv;
+      if (sub == 0) *reinterpret_cast<float4*>(const_cast<float*>(a.h) + t * K + k0) = hv;
     } else {
       hv = __ldg(reinterpret_cast<const float4*>(a.h + t * K + k0));
     }
-    acc[M] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
+    acc[MS] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(fn + m * K + k0));
-      acc[m] += hv.x * f.x + hv.y * f.y + hv.z * f.z + hv.w * f.w;
-    }
+    for (int i = 0; i < MS; ++i) acc[i] += hv.x * f[i].x + hv.y * f[i].y + hv.z * f[i].z + hv.w * f[i].w;
   }
   float mine = 0.f;
 #pragma unroll
-  for (int m = 0; m <= M; ++m) {
-    float v = acc[m];
+  for (int i = 0; i <= MS; ++i) {
+    float v = acc[i];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == m) mine = v;
+    if (lane == i) mine = v;
   }
-  if (lane <= M) ws[(static_cast<int64_t>(w) * n_tokens + t) * (M + 1) + lane] = mine;
+  float* out = ws + (static_cast<int64_t>(w) * n_tokens + t) * (M + 1);
+  if (lane < MS && m0 + lane < M) out[m0 + lane] = mine;
+  if (sub == 0 && lane == MS) out[M] = mine;
 }
 
 template <int M>
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(kSmallMixWarps * 32) hc_mix_small_kernel(HcArg
   if (w < ks_count) prefetch_fn_l2<M>(a, w, cpw, threadIdx.x & 31, 32);
   pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
   if (w >= ks_count) return;
-  for (int t = 0; t < a.n_tokens; ++t) mix_token<M>(a, w, cpw, t);
+  for (int t = 0; t < a.n_tokens; ++t) mix_token<M, 1>(a, w, cpw, t, 0);
 }
 
 constexpr int kFinThreads = 512;
@@ -240,16 +249,19 @@ __global__ void __launch_bounds__(kFinThreads, 1) hc_finish_kernel(HcArgs a, int
 }
 
 // One token with HcArgs::counter: the mixes and the finish in one launch. Block w (kFinThreads threads) mixes
-// K range w on warp 0 (mix_token, the arithmetic of hc_mix_small_kernel); the last block to count its partials
-// in (threadfence, then an atomic on the counter, which it re-arms) runs finish_token. Same bits as the two
-// launches; one kernel boundary fewer on the decode step's critical path.
+// K range w on warps 0 .. kOneTokenMixWarps - 1 (mix_token, the arithmetic of hc_mix_small_kernel, its sums
+// spread over the warps); the last block to count its partials in (threadfence, then an atomic on the counter,
+// which it re-arms) runs finish_token. Same bits as the two launches; one kernel boundary fewer on the decode
+// step's critical path.
+constexpr int kOneTokenMixWarps = 4;  // 6 of hc_pre's 24 mixes per warp: fn's loads fit the 128 registers
 template <int M>
 __global__ void __launch_bounds__(kFinThreads, 1) hc_one_token_kernel(HcArgs a, int cpw, int ks_count) {
   __shared__ FinShared<M> sh;
   __shared__ bool last;
   prefetch_fn_l2<M>(a, blockIdx.x, cpw, threadIdx.x, kFinThreads);
   pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
-  if (threadIdx.x < 32) mix_token<M>(a, blockIdx.x, cpw, 0);
+  if (threadIdx.x < 32 * kOneTokenMixWarps)
+    mix_token<M, kOneTokenMixWarps>(a, blockIdx.x, cpw, 0, threadIdx.x >> 5);
   if (!ptx::last_block_to_arrive(a.counter, ks_count, last)) return;
   finish_token<M, true>(a, ks_count, 0, sh);
   if (threadIdx.x == 0) *a.counter = 0;  // ready for the next launch
