@@ -3,11 +3,13 @@
 // are poisoned before each launch and strided (ldy > rows, the gaps must stay NaN), row offsets
 // (row_begin) and token counts around the 8-token pass; a second eager launch and a CUDA-graph launch must
 // give the same bits. glue::rmsnorm_rows (single-pass float4 / scalar paths and the long-row path, in
-// place and strided) against the cpu::rmsnorm formula. glue::embed_streams (8 elements per thread, and the
+// place and strided) against the cpu::rmsnorm formula. glue::heads_norm_rope's float4 kernel against its generic
+// one. glue::embed_streams (8 elements per thread, and the
 // scalar loop for dims not a multiple of 8 or a misaligned output) bit for bit, output poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -173,6 +175,64 @@ TEST(GlueEmbed, CopiesTheRowIntoEveryStream) {
     cudaFree(dtok);
     cudaFree(dout);
   }
+}
+
+// glue::heads_norm_rope: the float4-per-thread kernel against the generic one (set_heads_norm_rope_generic), bit
+// for bit in x and its 16-bit copy: head dims 512 (the attention's q), 128 (the indexer's), 64 and 8, RoPE on
+// the last 64 / 32 / 0 dims, norm or not, inverse or not, bf16 / f16 / no copy, several tokens and heads at
+// different positions; plus a shape only the generic kernel takes (dim 36).
+TEST(GlueNormRope, Float4KernelMatchesGeneric) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Case { int dim, n_freq, heads, T; };
+  const Case cases[] = {{512, 32, 64, 1}, {512, 32, 8, 3}, {128, 32, 64, 2}, {128, 16, 4, 1},
+                        {64, 0, 2, 2},    {8, 2, 3, 2},    {36, 7, 2, 2}};
+  int compared = 0;
+  for (const Case& c : cases)
+    for (int mode = 0; mode < 8; ++mode) {
+      const bool norm = mode & 1, inverse = mode & 2, copy = mode & 4, f16 = (mode + c.dim) % 3 == 0;
+      const size_t n = static_cast<size_t>(c.T) * c.heads * c.dim;
+      std::vector<float> x(n), inv(std::max(1, c.n_freq));
+      for (auto& v : x) v = nd(rng) * 3.0f;
+      for (int i = 0; i < c.n_freq; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2.0f * c.n_freq));
+      std::vector<int64_t> pos(c.T);
+      for (auto& p : pos) p = static_cast<int64_t>(rng() % 70000);
+      int64_t* dpos = nullptr;
+      cuda::check(cudaMalloc(&dpos, sizeof(int64_t) * c.T), "malloc");
+      cuda::check(cudaMemcpy(dpos, pos.data(), sizeof(int64_t) * c.T, cudaMemcpyHostToDevice), "copy");
+      float* dinv = upload(inv);
+      std::vector<float> got[2];
+      std::vector<uint16_t> got16[2];
+      for (int generic = 0; generic < 2; ++generic) {
+        float* dx = upload(x);
+        uint16_t* dxb = nullptr;
+        if (copy) {
+          cuda::check(cudaMalloc(&dxb, n * 2), "malloc");
+          cuda::check(cudaMemset(dxb, 0x7b, n * 2), "poison");
+        }
+        glue::set_heads_norm_rope_generic(generic == 1);
+        glue::heads_norm_rope(dx, c.T, c.heads, c.dim, dpos, dinv, c.n_freq, norm, 1e-6f, inverse, nullptr, dxb, f16);
+        glue::set_heads_norm_rope_generic(false);
+        cuda::check(cudaDeviceSynchronize(), "sync");
+        got[generic].resize(n);
+        cuda::check(cudaMemcpy(got[generic].data(), dx, n * 4, cudaMemcpyDeviceToHost), "copy");
+        if (copy) {
+          got16[generic].resize(n);
+          cuda::check(cudaMemcpy(got16[generic].data(), dxb, n * 2, cudaMemcpyDeviceToHost), "copy");
+        }
+        cudaFree(dx);
+        cudaFree(dxb);
+      }
+      EXPECT_TRUE(same_bits(got[0], got[1])) << "x differs: dim " << c.dim << " n_freq " << c.n_freq << " mode " << mode;
+      if (copy) {
+        EXPECT_EQ(got16[0], got16[1]) << "copy differs: dim " << c.dim << " mode " << mode;
+      }
+      cudaFree(dpos);
+      cudaFree(dinv);
+      ++compared;
+    }
+  std::printf("heads_norm_rope: %d cases, the float4 kernel bit for bit the generic one\n", compared);
 }
 
 TEST(GlueRmsnorm, MatchesFloat64) {

@@ -54,6 +54,9 @@ void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
                      bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb = nullptr,
                      bool f16 = false);
+// Tests: heads_norm_rope on its generic kernel for every shape (the default takes a kernel that holds a
+// float4 per thread where the shape allows; both give the same bits, which the glue test checks).
+void set_heads_norm_rope_generic(bool on);
 
 // KvCodec::encode of x [T, dim] into row row_index[t] of `pool` (row stride row_bytes).
 // fmt: 0 f32, 1 bf16, 2 fp8 (e4m3 with UE8M0 per scale_block, trailing rope_dim dims bf16).

@@ -199,6 +199,57 @@ __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64
   }
 }
 
+// The same as heads_norm_rope_kernel for rows of dim <= 4 * kHeadThreads, dim % 4 == 0 and a rotated block
+// starting at a multiple of 4 (both RoPE pairs of a float4 inside one thread): thread t holds elements 4t ..
+// 4t + 3 in registers, and the position, the row and the thread's two inverse frequencies are read together,
+// before the norm (the generic kernel re-reads the row after it and reads inv_freq only in the RoPE step: one
+// more round trip on the decode chain). The sum of squares runs in the generic kernel's order (thread t adds
+// elements t, t + 128, ... from a copy in shared memory), so the results are the same bits.
+constexpr int kHeadThreads = 128;
+__global__ void __launch_bounds__(kHeadThreads) heads_norm_rope4_kernel(float* x, int heads, int dim,
+                                                                        const int64_t* pos, const float* inv_freq,
+                                                                        int n_freq, bool norm, float eps,
+                                                                        bool inverse, uint16_t* xb, bool f16) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  __shared__ float row[4 * kHeadThreads];
+  __shared__ double part[kHeadThreads / 32];
+  float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
+  const int t = threadIdx.x, r0 = dim - 2 * n_freq;
+  const bool mine = 4 * t < dim, rot = mine && 4 * t >= r0;
+  const int64_t p = pos[blockIdx.x / heads];
+  float f0 = 0.0f, f1 = 0.0f;
+  if (rot) {
+    const int i = (4 * t - r0) / 2;
+    f0 = inv_freq[i];
+    f1 = inv_freq[i + 1];
+  }
+  float4 a = mine ? reinterpret_cast<const float4*>(v)[t] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (norm) {
+    if (mine) reinterpret_cast<float4*>(row)[t] = a;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = t; i < dim; i += kHeadThreads) s += static_cast<double>(row[i]) * row[i];  // block_sum_squares' order
+    s = warp_sum(s);
+    if (t % 32 == 0) part[t / 32] = s;
+    __syncthreads();
+    double ss = 0.0;
+    for (int w = 0; w < kHeadThreads / 32; ++w) ss += part[w];
+    const float r = 1.0f / sqrtf(static_cast<float>(ss / dim) + eps);
+    a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
+  }
+  if (!mine) return;
+  if (rot) {
+    const float2 lo = cuda::rope_rotate(a.x, a.y, p, f0, inverse), hi = cuda::rope_rotate(a.z, a.w, p, f1, inverse);
+    a = make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  reinterpret_cast<float4*>(v)[t] = a;
+  if (xb) {
+    const uint32_t b01 = act16_bits_rn(a.x, f16) | (static_cast<uint32_t>(act16_bits_rn(a.y, f16)) << 16);
+    const uint32_t b23 = act16_bits_rn(a.z, f16) | (static_cast<uint32_t>(act16_bits_rn(a.w, f16)) << 16);
+    reinterpret_cast<uint2*>(xb + static_cast<int64_t>(blockIdx.x) * dim)[t] = make_uint2(b01, b23);
+  }
+}
+
 // One block per token. fp8: one warp per scale block (amax over the block, floored at 1e-4).
 __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                                  int64_t row_bytes, const int64_t* row_index) {
@@ -240,9 +291,22 @@ void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t
                 "rmsnorm_kernel launch");
 }
 
+namespace {
+bool g_heads_norm_rope_generic = false;
+}  // namespace
+void set_heads_norm_rope_generic(bool on) { g_heads_norm_rope_generic = on; }
+
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
                      bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb, bool f16) {
   if (T <= 0) return;
+  const int r0 = dim - 2 * n_freq;
+  if (!g_heads_norm_rope_generic && dim % 4 == 0 && dim <= 4 * kHeadThreads && n_freq >= 0 && r0 >= 0 && r0 % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(xb) % 8 == 0) {
+    cuda::check(cuda::launch(heads_norm_rope4_kernel, dim3(T * heads), dim3(kHeadThreads), 0, stream, x, heads, dim,
+                             pos, inv_freq, n_freq, norm, eps, inverse, xb, f16),
+                "heads_norm_rope4_kernel launch");
+    return;
+  }
   cuda::check(cuda::launch(heads_norm_rope_kernel, dim3(T * heads), dim3(128), 0, stream, x, heads, dim, pos,
                            inv_freq, n_freq, norm, eps, inverse, xb, f16),
               "heads_norm_rope_kernel launch");
