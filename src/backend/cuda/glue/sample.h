@@ -44,7 +44,7 @@ enum SampleStatus : int32_t { kSampleOk = 0, kSampleNonFinite = 1, kSampleHostFa
 size_t sample_workspace_bytes(int rows, int64_t vocab);
 
 // logits: device [rows, vocab] fp32, contiguous. params: device [rows]. out_token, out_status: device [rows].
-// workspace: device, >= sample_workspace_bytes(rows, vocab) bytes. Supported: 1 <= vocab <= 2^24, rows >= 0.
+// workspace: device, >= sample_workspace_bytes(rows, vocab) bytes. Supported: 1 <= vocab <= 2^24, 0 <= rows <= 2^27.
 // all_greedy: the caller knows every row is greedy (temperature 0 or top_k 1): the candidate search is
 // skipped (the greedy path never reads it), saving one top-k over the vocabulary per row.
 void sample_rows(const float* logits, int rows, int64_t vocab, const SampleRowParams* params, int32_t* out_token,
