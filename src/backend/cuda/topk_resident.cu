@@ -18,8 +18,13 @@
 //      per-round 256-bin histograms exchanged through distributed shared memory. No candidate is ever dropped;
 //      the buffer sizes only decide which path runs.
 //   C. Emission in index order: per-thread (greater-than-threshold, equal-to-threshold) counts, a block scan,
-//      and the totals of lower-ranked CTAs (published after a barrier) give every selected element its output
-//      slot.
+//      and the totals of lower-ranked CTAs give every selected element its output slot. On the fast path (and
+//      when every valid entry is selected) each CTA derives those totals itself, with no barrier: before S2 a
+//      CTA publishes how many of its elements lie above the pivot bin (or are valid), which the others read
+//      with its candidate count, and once the threshold is known every CTA counts the gathered candidates above
+//      / at it, those of lower-ranked CTAs first in the gather order (eighteenth session: one cluster barrier
+//      and one distributed-shared-memory round fewer; not yet measured). The fallback publishes the totals
+//      after a barrier (S3), as before.
 // (Binning on the value rounded to fp16 instead of the key's top bits is finer where scores live, but cost
 // ~15 instructions per element and pass: a register-resident kernel is bound by instruction issue.)
 #include <algorithm>
@@ -57,6 +62,11 @@ struct Shared {
   typename RScan::TempStorage scan;
   int n_local;                 // this CTA's pivot-bin population (may exceed kLocalCap)
   int nl[kMaxCluster];         // every CTA's n_local
+  int n_above;                 // this CTA's elements above the pivot bin (all valid ones when nothing is cut)
+  int na[kMaxCluster];         // every CTA's n_above
+  int cand_count[4];           // gathered candidates: > thresh, == thresh; of lower-ranked CTAs: > , ==
+  int fast;                    // step C's totals come from the counts above (every valid entry taken, or fits)
+  unsigned long long before, all;  // then: the (gt << 32) | eq totals of the lower-ranked CTAs and of all
   unsigned long long tot;      // this CTA's (gt << 32) | eq after the threshold is known
   int pivot, above, pcnt;      // result of a pivot search
 };
@@ -148,7 +158,8 @@ __global__ void __launch_bounds__(kRThreads, 2)
   };
 
   for (int i = tid; i < kBins; i += kRThreads) s.hist[i] = 0;
-  if (tid == 0) s.n_local = 0;
+  if (tid == 0) s.n_local = 0, s.n_above = 0, s.fast = 1;
+  if (tid < 4) s.cand_count[tid] = 0;
   __syncthreads();
 
   // Defaults: select every valid element (used when the row has at most k valid entries).
@@ -171,6 +182,20 @@ __global__ void __launch_bounds__(kRThreads, 2)
   }
   const int n_valid = find_pivot(s, cnt, kBins, k);
   const bool select = n_valid > k;  // identical in every CTA of the cluster
+  {
+    // This CTA's elements above the pivot bin (select) or valid ones (everything is taken), from its own
+    // coarse histogram (which counts the valid keys), published with n_local at S2 for the barrier-free
+    // totals of step C.
+    const int pb = s.pivot;
+    int mine_above = 0;
+#pragma unroll
+    for (int i = 0; i < kBinsPerThread; ++i) {
+      const int b = bin_of(i, kBins);
+      if (!select || b > pb) mine_above += s.hist[b];
+    }
+    mine_above = __reduce_add_sync(0xffffffffu, mine_above);
+    if (lane == 0 && mine_above) atomicAdd(&s.n_above, mine_above);
+  }
   int need = 0;
   if (select) {
     pivot = s.pivot;
@@ -190,17 +215,21 @@ __global__ void __launch_bounds__(kRThreads, 2)
       }
     });
   }
-  cluster.sync();  // S2: local candidate buffers complete; nobody reads s.hist remotely any more
+  cluster.sync();  // S2: local candidate buffers and counts complete; nobody reads s.hist remotely any more
+  if (tid < C) {
+    s.nl[tid] = *cluster.map_shared_rank(&s.n_local, tid);
+    s.na[tid] = *cluster.map_shared_rank(&s.n_above, tid);
+  }
+  __syncthreads();
   if (select) {
-    if (tid < C) s.nl[tid] = *cluster.map_shared_rank(&s.n_local, tid);
-    __syncthreads();
     int total = 0;
-    bool fits = true;
+    bool fits = true;  // identical in every CTA of the cluster
     for (int q = 0; q < C; ++q) {
       total += s.nl[q];
       fits = fits && s.nl[q] <= kLocalCap;
     }
     fits = fits && total <= kCap;
+    if (!fits && tid == 0) s.fast = 0;  // read in step C, after scan_tile's barriers
     if (fits) {
       // Fast path: gather every CTA's candidates, then resolve the threshold locally in radix rounds of 11 and
       // 10 bits (the 21 bits below the coarse bin). s.hist is free since S2; each thread zeroes the bins it
@@ -234,6 +263,23 @@ __global__ void __launch_bounds__(kRThreads, 2)
         if (take_digit(s, w, prefix, rem, need, thresh, ties)) break;
         // s.pivot is rewritten after the next round's scan barrier, which every thread reaches after reading it.
       }
+      // Step C's totals: the gathered candidates above / at the threshold, all and those of lower-ranked CTAs
+      // (gcand holds CTA q's candidates after those of CTAs 0 .. q - 1).
+      int off_rank = 0;
+      for (int q = 0; q < rank; ++q) off_rank += s.nl[q];
+      int c4[4] = {0, 0, 0, 0};
+      for (int i = tid; i < total; i += kRThreads) {
+        const uint32_t key = s.gcand[i];
+        const int g = key > thresh, e = ties > 0 && key == thresh;
+        c4[0] += g, c4[1] += e;
+        if (i < off_rank) c4[2] += g, c4[3] += e;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        c4[j] = __reduce_add_sync(0xffffffffu, c4[j]);
+        if (lane == 0 && c4[j]) atomicAdd(&s.cand_count[j], c4[j]);
+      }
+      __syncthreads();  // (s.gcand is reused for the emission offsets below)
     } else {
       // Exact fallback: cluster-wide rounds over the chunks themselves, up to 8 of the remaining 21 key bits
       // each. Digit histograms alternate between two halves of s.hist: a CTA zeroes one half only after the
@@ -263,6 +309,18 @@ __global__ void __launch_bounds__(kRThreads, 2)
         __syncthreads();
       }
     }
+  }
+
+  // Step C's totals on the fast path (s.fast: thread 0 cleared it itself on the fallback), from the CTAs'
+  // published counts and the gathered candidates' (counted above; zero when every valid entry is taken).
+  if (tid == 0 && s.fast) {
+    int gt_before = s.cand_count[2], gt_all = s.cand_count[0];
+    for (int q = 0; q < C; ++q) {
+      gt_before += q < rank ? s.na[q] : 0;
+      gt_all += s.na[q];
+    }
+    s.before = (static_cast<unsigned long long>(gt_before) << 32) | static_cast<unsigned>(s.cand_count[3]);
+    s.all = (static_cast<unsigned long long>(gt_all) << 32) | static_cast<unsigned>(s.cand_count[1]);
   }
 
   // ---- C: ordered emission ----
@@ -319,13 +377,18 @@ __global__ void __launch_bounds__(kRThreads, 2)
 
   classify_tile();
   const unsigned long long mine = scan_tile();  // this CTA's (gt << 32) | eq
-  if (tid == 0) s.tot = mine;
-  cluster.sync();  // S3: every CTA's totals are published
   unsigned long long before = 0, all = 0;
-  for (int q = 0; q < C; ++q) {
-    const unsigned long long t = *cluster.map_shared_rank(&s.tot, q);
-    before += q < rank ? t : 0ull;
-    all += t;
+  if (s.fast) {  // every valid entry taken, or the fast path: the totals from the published counts
+    before = s.before;
+    all = s.all;
+  } else {
+    if (tid == 0) s.tot = mine;
+    cluster.sync();  // S3: every CTA's totals are published
+    for (int q = 0; q < C; ++q) {
+      const unsigned long long t = *cluster.map_shared_rank(&s.tot, q);
+      before += q < rank ? t : 0ull;
+      all += t;
+    }
   }
   auto emit_tile = [&](int tb, unsigned long long base) {
     if (!(gtm | eqm)) return;
