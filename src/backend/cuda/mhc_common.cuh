@@ -25,7 +25,8 @@ __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(
 // CPU in the last bits. 40 dependent divisions instead of 640 serial ones in one thread. A 4-term sum takes
 // its three other terms with three independent shuffles (one shuffle latency), not two dependent butterfly
 // rounds (two): the same additions in the same order, so the same bits as the butterfly it replaced
-// (eighteenth session; the chain is ~40 x (shuffle + 3 adds + division), the longest path of hc_pre's finish).
+// (eighteenth session, tools/check/sinkhorn_sum_order.cc; the chain is ~40 x (shuffle + 3 adds + division), the
+// longest path of hc_pre's finish).
 __device__ __forceinline__ float sum4_lanes(float v, int m1, int m2) {
   constexpr unsigned kAll = 0xffffffffu;
   const float a = __shfl_xor_sync(kAll, v, m1), b = __shfl_xor_sync(kAll, v, m2),

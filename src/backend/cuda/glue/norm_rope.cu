@@ -203,8 +203,8 @@ __global__ void heads_norm_rope_kernel(float* x, int heads, int dim, const int64
 // starting at a multiple of 4 (both RoPE pairs of a float4 inside one thread): thread t holds elements 4t ..
 // 4t + 3 in registers, and the position, the row and the thread's two inverse frequencies are read together,
 // before the norm (the generic kernel re-reads the row after it and reads inv_freq only in the RoPE step: one
-// more round trip on the decode chain). The sum of squares runs in the generic kernel's order (thread t adds
-// elements t, t + 128, ... from a copy in shared memory), so the results are the same bits.
+// more round trip on the decode chain). The sum of squares is the generic kernel's block_sum_squares, run on a
+// copy of the row in shared memory, so the results are the same bits.
 constexpr int kHeadThreads = 128;
 __global__ void __launch_bounds__(kHeadThreads) heads_norm_rope4_kernel(float* x, int heads, int dim,
                                                                         const int64_t* pos, const float* inv_freq,
@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(kHeadThreads) heads_norm_rope4_kernel(float* x
                                                                         bool inverse, uint16_t* xb, bool f16) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ float row[4 * kHeadThreads];
-  __shared__ double part[kHeadThreads / 32];
   float* v = x + static_cast<int64_t>(blockIdx.x) * dim;
   const int t = threadIdx.x, r0 = dim - 2 * n_freq;
   const bool mine = 4 * t < dim, rot = mine && 4 * t >= r0;
@@ -227,13 +226,7 @@ __global__ void __launch_bounds__(kHeadThreads) heads_norm_rope4_kernel(float* x
   if (norm) {
     if (mine) reinterpret_cast<float4*>(row)[t] = a;
     __syncthreads();
-    double s = 0.0;
-    for (int i = t; i < dim; i += kHeadThreads) s += static_cast<double>(row[i]) * row[i];  // block_sum_squares' order
-    s = warp_sum(s);
-    if (t % 32 == 0) part[t / 32] = s;
-    __syncthreads();
-    double ss = 0.0;
-    for (int w = 0; w < kHeadThreads / 32; ++w) ss += part[w];
+    const double ss = block_sum_squares(row, dim);  // the generic kernel's function, on the copy
     const float r = 1.0f / sqrtf(static_cast<float>(ss / dim) + eps);
     a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
   }
