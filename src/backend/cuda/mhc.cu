@@ -73,6 +73,14 @@ __device__ __forceinline__ void prefetch_fn_l2(const HcArgs& a, int w, int cpw, 
 // warp forms the previous hc_post's output for its float4s (the same loads) and warp 0 writes it to h. fn's
 // loads are issued before h's: they are independent, and issued after them (as until the eighteenth session,
 // one warp, all 24 mixes) they were a second round trip after the fused hc_post's loads.
+// a.x*b.x + a.y*b.y + a.z*b.z + a.w*b.w with its roundings spelled out. Left to the compiler, the contraction
+// into FMAs depends on the surrounding code: one warp with all 24 sums fused (x*fx) into the y product, 4 warps
+// fused (y*fy) into the x product (PTX of c16c046; run 114 caught hc_head's bits differing between the one-token
+// kernel and the two launches). Every mix path that must agree bit for bit calls this.
+__device__ __forceinline__ float dot4_fixed(float4 a, float4 b) {
+  return __fmaf_rn(a.w, b.w, __fmaf_rn(a.z, b.z, __fmaf_rn(a.y, b.y, __fmul_rn(a.x, b.x))));
+}
+
 template <int M, int S>
 __device__ __forceinline__ void mix_token(const HcArgs& a, int w, int cpw, int t, int sub) {
   constexpr int MS = (M + S - 1) / S;
@@ -98,9 +106,9 @@ __device__ __forceinline__ void mix_token(const HcArgs& a, int w, int cpw, int t
     } else {
       hv = __ldg(reinterpret_cast<const float4*>(a.h + t * K + k0));
     }
-    acc[MS] += hv.x * hv.x + hv.y * hv.y + hv.z * hv.z + hv.w * hv.w;
+    acc[MS] = __fadd_rn(acc[MS], dot4_fixed(hv, hv));
 #pragma unroll
-    for (int i = 0; i < MS; ++i) acc[i] += hv.x * f[i].x + hv.y * f[i].y + hv.z * f[i].z + hv.w * f[i].w;
+    for (int i = 0; i < MS; ++i) acc[i] = __fadd_rn(acc[i], dot4_fixed(hv, f[i]));
   }
   float mine = 0.f;
 #pragma unroll
