@@ -9,7 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
-//                     [--moe-prefill-kernel N] [--router-one-launch|--router-two-launches] [--slots-on-main]
+//                     [--moe-prefill-kernel N] [--slots-on-main]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -23,7 +23,6 @@
 //   experts: <= LIGHT pairs up to 8 tokens, <= WIDE at 9-32, <= WIDER at 33-64; the light launches lean up to
 //   LEAN tokens) for launches of 2 .. TOKENS tokens (default 2:64:8:16:64), or off.
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
-// --router-one-launch / --router-two-launches: GpuOptions::router_one_launch on / off (default off).
 // --slots-on-main: GpuOptions::slots_on_branches off (the slot lists on the main stream after the joins).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
@@ -138,7 +137,6 @@ int main(int argc, char** argv) {
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
-  bool router_one = defaults.router_one_launch;
   bool slots_branches = defaults.slots_on_branches;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
@@ -179,8 +177,6 @@ int main(int argc, char** argv) {
     else if (a == "--bf16-act") f16_act = false;
     else if (a == "--hc-two-kernels") hc_one_kernel = false;
     else if (a == "--kv-row-on-main") kv_side = false;
-    else if (a == "--router-two-launches") router_one = false;
-    else if (a == "--router-one-launch") router_one = true;
     else if (a == "--slots-on-main") slots_branches = false;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
@@ -218,7 +214,6 @@ int main(int argc, char** argv) {
     o.f16_activations = f16_act;
     o.hc_one_kernel = hc_one_kernel;
     o.kv_row_on_side = kv_side;
-    o.router_one_launch = router_one;
     o.slots_on_branches = slots_branches;
     o.gemm_f32_linears = gemm_f32_linears;
     o.moe_prefill_f16 = moe_prefill_f16;

@@ -8,7 +8,7 @@
 #      with the MoE decode's n-tiles capped otherwise, (MOE_LEAN4_AB=1) at batch 2 and 4 with the lean MoE
 #      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave, (MOE_SPLIT_AB="1 2")
 #      at batch 4 / 16 / 64 with the MoE kernels chosen per expert load, (KV_SIDE_AB=1) with the window KV row
-#      encoded on the compressor's stream, (ROUTER_AB=1) with the one-token router's linear and routing in one launch, (SLOTS_AB=1) with the slot
+#      encoded on the compressor's stream, (SLOTS_AB=1) with the slot
 #      lists on the main stream,
 #      (PREFILL_AB="2048 8192") prefill of 8,192 tokens in those chunks: the default, --glue-f32-linears,
 #      --moe-prefill-bf16 and --moe-prefill-kernel 2;
@@ -46,7 +46,6 @@ BENCH_FLAGS=("$@")
 # WAVE_DIV_AB="2 4": the GEMV / MoE decode grids sized to 1/N of the resident slots (--wave-div N).
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
-[ -n "${ROUTER_AB:-}" ] && ab router-one-launch "with the router's linear and routing in one launch (--router-one-launch)" --router-one-launch
 [ -n "${SLOTS_AB:-}" ] && ab slots-on-main "with the slot lists on the main stream (--slots-on-main)" --slots-on-main
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 # PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, with the router's and weights_proj's

@@ -363,8 +363,7 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches) and, on one
-// stream, the one-launch router (router_one_launch).
+// on the third stream (kv_row_on_side) and the slot lists on the branch streams (slots_on_branches).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -386,10 +385,6 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     expect_identical(graphs ? "selective model, kernels, fp8 KV, slot lists on the main stream, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, slot lists on the main stream, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    one.router_one_launch = true;  // the router in one launch, on one stream
-    expect_identical(graphs ? "selective model, kernels, fp8 KV, one-launch router, vs two launches (graphs)"
-                            : "selective model, kernels, fp8 KV, one-launch router, vs two launches (eager)",
-                     gpu(1, one, c, 40), want);
   }
 }
 

@@ -71,7 +71,6 @@ struct Scratch {
   int32_t *idx, *sel, *slots;
   void *hc_ws, *attn_ws;
   int* hc_counter;          // cuda::HcArgs::counter of the main stream's hc_pre / hc_head (zeroed at allocation)
-  int* route_counter;       // glue::router_route_one_token's counter (the int after hc_counter)
   int64_t score_cols = 0, max_slots = 0;
   float* logits_host = nullptr;  // pinned [logits_cap, vocab] (logits: the same on the device)
   uint16_t* wbuf = nullptr;       // bf16 copy of the largest dense FP8/MXFP4 weight (steps > 64 tokens only)

@@ -361,17 +361,9 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     OnSide on(*this);
     shared_expert();
   }
-  // GpuOptions::router_one_launch: at one token the router's linear and the routing in one kernel.
-  const bool one_launch =
-      T == 1 && opt.router_one_launch &&
-      glue::router_route_one_token(L.gate.g, s.x, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens),
-                                   c->norm_topk_prob, static_cast<float>(c->routed_scaling_factor), s.router, s.idx,
-                                   s.wts, s.route_counter, stream);
-  if (!one_launch) {
-    linear_f32(L.gate.g, s.gate_f32, T, s.router);
-    glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
-                static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
-  }
+  linear_f32(L.gate.g, s.gate_f32, T, s.router);
+  glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
+              static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");
   bool accumulate = false;
   if (L.has_shared) {

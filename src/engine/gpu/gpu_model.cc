@@ -105,9 +105,8 @@ void GpuModel::Impl::alloc_scratch() {
   s.max_slots = c->sliding_window + std::max<int64_t>(c->index_topk, opt.max_model_len / 128);
   s.slots = static_cast<int32_t*>(dalloc(sizeof(int32_t) * T * s.max_slots));
   s.hc_ws = dalloc(cuda::hc_workspace_bytes(static_cast<int>(T), D));
-  s.hc_counter = static_cast<int*>(dalloc(2 * sizeof(int)));
-  cuda::check(cudaMemset(s.hc_counter, 0, 2 * sizeof(int)), "zero the hc and router counters");
-  s.route_counter = s.hc_counter + 1;
+  s.hc_counter = static_cast<int*>(dalloc(sizeof(int)));
+  cuda::check(cudaMemset(s.hc_counter, 0, sizeof(int)), "zero the hc counter");
   s.attn_ws = dalloc(cuda::sparse_attention_workspace_bytes(static_cast<int>(T), static_cast<int>(s.max_slots)));
   s.logits_host = static_cast<float*>(halloc(sizeof(float) * logits_cap * V));
   s.next = static_cast<int32_t*>(dalloc(sizeof(int32_t) * 2 * T));

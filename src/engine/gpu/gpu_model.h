@@ -70,11 +70,6 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
-  // One-token steps run the router's BF16 linear and the routing as one kernel (glue::router_route_one_token:
-  // the last block to finish its logit routes). Same results, bit for bit. Off by default: on the H200 it saves
-  // ~2 us of kernel time per layer under Nsight Compute, but the graph step moved +0.06 ms (run 112) and -0.03
-  // ms (run 113), i.e. within the noise; worth a repeated A/B (decode_ab.sh ROUTER_AB=1).
-  bool router_one_launch = false;
   // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
   // bit. Off: on the main stream after the joins.

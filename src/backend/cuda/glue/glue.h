@@ -96,14 +96,6 @@ void scale(float* x, int64_t n, float s, cudaStream_t stream);
 // Hash layers pass tid2eid [vocab, K] (bias ignored), others the selection bias [E].
 void route(const float* logits, int T, int E, int K, int score_func, const float* bias, const int32_t* tid2eid,
            const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx, float* weights, cudaStream_t stream);
-// One token: linear(gate, 0, E, x, 1, ...) into logits [E] and route(logits, 1, ...) in one launch, bit for bit
-// the two calls (each block computes one logit as linear's split-K kernel does; the last block to finish routes
-// as route's rank kernel does). counter: a device int, zero before the first launch; every launch leaves it
-// zero; launches that may run at the same time must not share it. Returns false, launching nothing, where
-// those two kernels would not be the ones linear / route pick (then call them).
-bool router_route_one_token(const Weight& gate, const float* x, int E, int K, int score_func, const float* bias,
-                            const int32_t* tid2eid, const int32_t* tokens, bool norm_topk, float scaling,
-                            float* logits, int32_t* idx, float* weights, int* counter, cudaStream_t stream);
 // Tests: route with the warp-per-token kernel (E <= 256) instead of the block rank kernel; both pick and weigh
 // identically (same scores, same total order, same summation order), which the router test checks bitwise.
 void set_route_warp_kernel(bool on);

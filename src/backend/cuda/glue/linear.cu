@@ -8,7 +8,6 @@
 
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/glue/glue_common.cuh"
-#include "backend/cuda/glue/route_rank.cuh"
 
 namespace dsv4::glue {
 using namespace detail;
@@ -148,33 +147,6 @@ __global__ void linear_bf16_split_kernel(const uint16_t* __restrict__ w, int64_t
   }
 }
 
-// One token's router: block r computes logit r exactly as linear_bf16_split_kernel does (nt = 1), and the last
-// block to arrive routes the token as route_rank_kernel does (route_rank.cuh). One kernel boundary fewer on
-// the decode step's critical path (router linear -> route -> routed experts).
-static_assert(kWarps * 32 == kRankThreads, "the router's blocks run the rank router");
-__global__ void __launch_bounds__(kWarps * 32)
-    router_route_kernel(const uint16_t* __restrict__ w, int64_t cols, const float* __restrict__ x, int E, int K,
-                        int f, const float* bias, const int32_t* tid2eid, const int32_t* tokens, bool norm_topk,
-                        float scaling, float* logits, int32_t* idx, float* weights, int* counter) {
-  __shared__ float part[kWarps][kTok];
-  __shared__ bool last;
-  const int64_t r = blockIdx.x;
-  split_row_prefetch(w + r * cols, cols);
-  float b[kRankPerThread];
-  route_rank_bias(bias, tid2eid, E, b);
-  cuda::pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
-  split_row_parts(w + r * cols, cols, x, cols, 1, part);
-  if (threadIdx.x == 0) {
-    float s = 0.0f;
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) s += part[v][0];
-    logits[r] = s;
-  }
-  if (!cuda::ptx::last_block_to_arrive(counter, E, last)) return;
-  route_rank_row<true>(logits, 0, E, K, f, b, tid2eid, tokens, norm_topk, scaling, idx, weights);
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
-}
-
 // h[p, i] = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * weight[p] for pair p = t * top_k + k.
 __global__ void moe_up_kernel(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit,
                               const float* x, const int32_t* idx, const float* weights, float* h, int p0) {
@@ -245,20 +217,6 @@ void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, in
     cuda::check(cuda::launch(linear_kernel, grid, dim3(kWarps * 32), 0, stream, w, row_begin, rows, x, T, ldx, y,
                              ldy),
                 "linear_kernel launch");
-}
-
-bool router_route_one_token(const Weight& gate, const float* x, int E, int K, int score_func, const float* bias,
-                            const int32_t* tid2eid, const int32_t* tokens, bool norm_topk, float scaling,
-                            float* logits, int32_t* idx, float* weights, int* counter, cudaStream_t stream) {
-  // The cases in which linear() takes linear_bf16_split_kernel and route() route_rank_kernel.
-  if (!bf16_streaming(gate, x, gate.cols) || E < 1 || !bf16_split_rows(E) || E > kRankMaxExperts || K < 1 ||
-      K > kMaxTopK || !counter || route_warp_kernel_set())
-    return false;
-  cuda::check(cuda::launch(router_route_kernel, dim3(static_cast<unsigned>(E)), dim3(kWarps * 32), 0, stream,
-                           reinterpret_cast<const uint16_t*>(gate.w), gate.cols, x, E, K, score_func, bias, tid2eid,
-                           tokens, norm_topk, scaling, logits, idx, weights, counter),
-              "router_route_kernel launch");
-  return true;
 }
 
 void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit, const float* x,

@@ -1,5 +1,6 @@
-// The rank router (glue::route for E <= kRankMaxExperts, and the one-token router of glue::router_route) as
-// one block's device code, shared by moe_glue.cu (route_rank_kernel) and linear.cu (router_route_kernel).
+// The rank router (glue::route for E <= kRankMaxExperts) as one block's device code: route_rank_kernel in
+// moe_glue.cu. (The eighteenth session also called it from a one-launch router; measured within the noise of
+// the two launches, runs 112-114, and removed.)
 #pragma once
 #include <cstdint>
 
@@ -47,9 +48,7 @@ __device__ __forceinline__ void route_rank_bias(const float* bias, const int32_t
   }
 }
 
-// Token t's routes from its E logits l (kL2: read through L2, written by other blocks of the same grid); every
-// thread of the kRankThreads-thread block calls it. b: route_rank_bias.
-template <bool kL2>
+// Token t's routes from its E logits l; every thread of the kRankThreads-thread block calls it. b: route_rank_bias.
 __device__ __forceinline__ void route_rank_row(const float* l, int t, int E, int K, int f,
                                                const float (&b)[kRankPerThread], const int32_t* tid2eid,
                                                const int32_t* tokens, bool norm_topk, float scaling, int32_t* idx,
@@ -63,7 +62,7 @@ __device__ __forceinline__ void route_rank_row(const float* l, int t, int E, int
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   if (tid < kMaxTopK) sel[tid] = -1;
   if (tid == 0) n_cand = 0;
-  for (int e = tid; e < E; e += kRankThreads) sc[e] = kL2 ? __ldcg(l + e) : l[e];
+  for (int e = tid; e < E; e += kRankThreads) sc[e] = l[e];
   if (f == 2) {
     float m = -INFINITY;
     for (int e = tid; e < E; e += kRankThreads) m = fmaxf(m, sc[e]);
