@@ -2,7 +2,7 @@
 # Batch-1 decode detail, after scripts/gpu/bench_flash.sh has written the checkpoint and built the bench:
 #   1. the same decode with programmatic dependent launch off (--no-pdl), to compare with bench_flash's run,
 #      (NO_OVERLAP_AB=1) on one stream, and (MOE_KS_SWEEP="2 4 8") with the MoE decode kernels' K splits
-#      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations, (MOE_WARPS_AB=1) with 8-warp MoE blocks, (GEMV_WARPS_AB=1) with 4-warp GEMV blocks, (GEMV_LEAN_AB=1) with the lean FP8 GEMV kernel,
+#      forced, (BF16_ACT_AB=1) with the FP8 GEMVs on bf16 activations, (MOE_WARPS_AB=1) with 8-warp MoE blocks, (GEMV_WARPS_AB=1) with 4-warp GEMV blocks,
 #      (MOE_LEAN_AB=1) without the lean MoE kernels and with lean w2 only (the default: lean w1/w3 and w2 at one token),
 #      (HC_AB=1) with hc_pre / hc_head as two launches (--hc-two-kernels), (MOE_NT_AB="1 4") at batch 16 and 64
 #      with the MoE decode's n-tiles capped otherwise, (MOE_LEAN4_AB=1) at batch 2 and 4 with the lean MoE
@@ -43,7 +43,6 @@ BENCH_FLAGS=("$@")
 [ -n "${BF16_ACT_AB:-}" ] && ab bf16-act "with bf16 activations in the FP8 GEMVs (--bf16-act)" --bf16-act
 [ -n "${MOE_WARPS_AB:-}" ] && ab moe-warps8 "with 8-warp MoE blocks (--moe-warps 8)" --moe-warps 8
 [ -n "${GEMV_WARPS_AB:-}" ] && ab gemv-warps4 "with 4-warp GEMV blocks (--gemv-warps 4)" --gemv-warps 4
-[ -n "${GEMV_LEAN_AB:-}" ] && ab gemv-lean "with the lean FP8 GEMV kernel, 3 blocks per SM (--gemv-lean)" --gemv-lean
 # WAVE_DIV_AB="2 4": the GEMV / MoE decode grids sized to 1/N of the resident slots (--wave-div N).
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main

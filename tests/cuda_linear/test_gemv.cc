@@ -232,56 +232,6 @@ TEST(CudaGemv, FourWarpBlocks) {
   EXPECT_THROW(cudalin::set_gemv_block_warps(5), Error);
 }
 
-// The lean one-n-tile kernel (set_gemv_lean: no activation prefetch, 3 blocks per SM): the same cases within
-// the bounds, including 9 rows (the default two-n-tile kernel) and the grouped form; and, at every forced K
-// split, bit for bit what the default kernel gives (the same sums in the same order; only the loads' timing
-// differs). Outputs poisoned, fresh random inputs.
-TEST(CudaGemv, LeanKernel) {
-  DSV4_REQUIRE_GPU();
-  cudalin::set_gemv_lean(true);
-  run_case(Kind::kFp8F16, 32768, 1024, {1, 8}, 80);  // wq_b
-  run_case(Kind::kFp8F16, 4096, 8192, {1, 4}, 81);   // wo_b
-  run_case(Kind::kFp8, 1536, 4096, {1, 9}, 82);      // wq_a + wkv, bf16 activations
-  run_case(Kind::kFp4, 384, 1024, {1, 5}, 83);       // MXFP4 keeps the default kernel
-  run_grouped(Kind::kFp8F16, 8, 1024, 4096, 4096, 1, 84);  // wo_a
-  cudalin::set_gemv_lean(false);
-  std::mt19937_64 rng(seed() ^ 0x1EA4ull);
-  for (Kind kind : {Kind::kFp8, Kind::kFp8F16})
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{144, 3072}, {2048, 4096}})
-      for (int ks : {1, 4, 8, 16})
-        for (int T : {1, 3, 8}) {
-          SCOPED_TRACE(::testing::Message() << "lean vs default, kind " << int(kind) << " [" << rows << ", " << cols
-                                            << "] ks " << ks << " T " << T);
-          HostWeight h = random_fp8(rng, rows, cols, 112, 136, false);
-          bind(h);
-          DevBuf<uint8_t> dw(h.w), ds(h.s);
-          cudalin::DevWeight dev{h.view.fmt, rows, cols, dw.p, ds.p, h.view.scale_is_f32};
-          const bool h16 = kind == Kind::kFp8F16;
-          std::vector<float> xf;
-          std::vector<uint16_t> xb;
-          if (h16) random_f16(rng, size_t(T) * cols, xf, xb);
-          else random_bf16(rng, size_t(T) * cols, xf, xb);
-          DevBuf<uint16_t> dx(xb);
-          cudalin::Workspace ws = cudalin::workspace_create();
-          cudalin::set_gemv_ksplit(ks);
-          std::vector<float> out[2];
-          for (int lean = 0; lean < 2; ++lean) {
-            cudalin::set_gemv_lean(lean == 1);
-            DevBuf<float> dy(size_t(T) * rows);
-            dy.poison();
-            cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr,
-                          h16 ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            out[lean] = dy.download();
-          }
-          cudalin::set_gemv_lean(false);
-          cudalin::set_gemv_ksplit(0);
-          cudalin::workspace_destroy(ws);
-          EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)))
-              << "the lean kernel differs from the default one";
-        }
-}
-
 // The first kernels (still the fallback for weights the cp.async path cannot take).
 // Grids sized to 1/2 and 1/8 of the resident slots (set_decode_wave_div; default 1): other K splits, the same
 // results within the bounds, and the refusal of a divisor outside 1..8.

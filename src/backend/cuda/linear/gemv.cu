@@ -139,13 +139,8 @@ constexpr int gemv_stages() { return FP4 ? 6 : 4; }
 template <bool FP4, int MW>
 constexpr int gemv2_smem() { return MW * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
 
-// LEAN (set_gemv_lean, one n-tile only): no activation prefetch (stream_warp's PREFETCH 0: one register set),
-// so ptxas fits 3 blocks of 8 warps per SM (<= 80 registers) where the default holds 2. The grid stays about
-// as large (the K split follows the occupancy), so an SM keeps a block slot free for the next kernel's blocks,
-// whose weight prologue can then run under this kernel's tail (PDL).
-template <bool FP4, int NT, bool H16, int MW, bool LEAN = false>
-__global__ void __launch_bounds__(MW * 32, (LEAN ? 3 : NT <= 2 ? 2 : 1) * (8 / MW))
-    gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
+template <bool FP4, int NT, bool H16, int MW>
+__global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
   extern __shared__ uint4 ring[];
   __shared__ float red[MW][128];
   __shared__ int last;
@@ -169,9 +164,8 @@ __global__ void __launch_bounds__(MW * 32, (LEAN ? 3 : NT <= 2 ? 2 : 1) * (8 / M
   // Only weights and scales (constant) are read before stream_warp's pdl_wait(); warps without a tile wait
   // here, so every write below follows the preceding grid's completion.
   if (tile < tiles)
-    dev::stream_warp<FP4, NT, 1, STAGES, H16, LEAN ? 0 : -1>(ring + warp * (STAGES * dev::RingGeom<FP4>::kU4), W, S,
-                                                             a.sf32, a.K, int64_t(tile) * 16, cb, ce, nt_valid, xr,
-                                                             acc);
+    dev::stream_warp<FP4, NT, 1, STAGES, H16>(ring + warp * (STAGES * dev::RingGeom<FP4>::kU4), W, S, a.sf32, a.K,
+                                         int64_t(tile) * 16, cb, ce, nt_valid, xr, acc);
   else
     cuda::pdl::wait();
   cuda::pdl::trigger();
@@ -193,35 +187,33 @@ __global__ void __launch_bounds__(MW * 32, (LEAN ? 3 : NT <= 2 ? 2 : 1) * (8 / M
 void set_linear_pdl(bool on) { cuda::set_pdl(on); }
 namespace {
 
-template <bool FP4, int NT, bool H16, int MW, bool LEAN = false>
+template <bool FP4, int NT, bool H16, int MW>
 struct Gemv2 {
   static int occupancy() {
     static_assert(gemv2_smem<FP4, MW>() <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
-    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW, LEAN>, MW * 32, gemv2_smem<FP4, MW>());
+    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW>, MW * 32, gemv2_smem<FP4, MW>());
     return n;
   }
   static void run(dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-    launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW, LEAN>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb,
-                       ks_total);
+    launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb, ks_total);
   }
 };
 
-// LEAN: the one-n-tile kernel (T <= 8) without the activation prefetch; more rows take the default kernels.
-template <bool FP4, bool H16, int MW, bool LEAN>
+template <bool FP4, bool H16, int MW>
 int gemv2_occupancy(int T) {
-  return T <= 8 ? Gemv2<FP4, 1, H16, MW, LEAN>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16, MW>::occupancy()
+  return T <= 8 ? Gemv2<FP4, 1, H16, MW>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16, MW>::occupancy()
          : T <= 32 ? Gemv2<FP4, 4, H16, MW>::occupancy() : Gemv2<FP4, 8, H16, MW>::occupancy();
 }
-template <bool FP4, bool H16, int MW, bool LEAN>
+template <bool FP4, bool H16, int MW>
 void gemv2_launch(int T, dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-  if (T <= 8) Gemv2<FP4, 1, H16, MW, LEAN>::run(grid, a, ksb, ks_total, s);
+  if (T <= 8) Gemv2<FP4, 1, H16, MW>::run(grid, a, ksb, ks_total, s);
   else if (T <= 16) Gemv2<FP4, 2, H16, MW>::run(grid, a, ksb, ks_total, s);
   else if (T <= 32) Gemv2<FP4, 4, H16, MW>::run(grid, a, ksb, ks_total, s);
   else Gemv2<FP4, 8, H16, MW>::run(grid, a, ksb, ks_total, s);
 }
 
 // The v2 launch for one block size: K split as in gemv_impl (see there).
-template <int MW, bool LEAN>
+template <int MW>
 void gemv2_dispatch(bool fp4, bool h16, int T, int tiles, int C, int cap_blocks, GemvArgs a, int64_t ws_partial_floats,
                     int ws_counters, int force_ks, cudaStream_t stream) {
   auto blocks = [&](int ks) {
@@ -238,9 +230,9 @@ void gemv2_dispatch(bool fp4, bool h16, int T, int tiles, int C, int cap_blocks,
   if (gy > 1 && (size_t(gy) * T * a.N > size_t(ws_partial_floats) || tiles > ws_counters))
     throw Error(str_cat("cuda gemv: workspace too small for [", a.N, ", ", a.K, "] x ", T, " rows"));
   const dim3 grid((tiles + tpb - 1) / tpb, gy);
-  if (fp4) gemv2_launch<true, false, MW, false>(T, grid, a, ksb, ks, stream);  // lean: FP8 only (MXFP4 spilled)
-  else if (h16) gemv2_launch<false, true, MW, LEAN>(T, grid, a, ksb, ks, stream);
-  else gemv2_launch<false, false, MW, LEAN>(T, grid, a, ksb, ks, stream);
+  if (fp4) gemv2_launch<true, false, MW>(T, grid, a, ksb, ks, stream);
+  else if (h16) gemv2_launch<false, true, MW>(T, grid, a, ksb, ks, stream);
+  else gemv2_launch<false, false, MW>(T, grid, a, ksb, ks, stream);
 }
 
 template <typename H>
@@ -269,9 +261,6 @@ void set_gemv_block_warps(int warps) {
   if (warps != 4 && warps != 8) throw Error(str_cat("cuda gemv: ", warps, " warps per block (4 or 8)"));
   g_gemv_warps = warps;
 }
-static bool g_gemv_lean = false;
-void set_gemv_lean(bool on) { g_gemv_lean = on; }
-bool gemv_lean() { return g_gemv_lean; }
 static int g_version = 2;
 void set_linear_kernel_version(int v) { g_version = v == 1 ? 1 : 2; }
 int linear_kernel_version() { return g_version; }
@@ -316,17 +305,18 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     // shapes, docs/GEMM_MOE.md).
     GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, 1,
                group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
-    auto run = [&](auto mw, auto lean) {
+    auto cap = [&](auto mw) {
       constexpr int MW = decltype(mw)::value;
-      constexpr bool LEAN = decltype(lean)::value;
-      const int cap = wave_blocks(fp4   ? gemv2_occupancy<true, false, MW, false>(T)
-                                  : h16 ? gemv2_occupancy<false, true, MW, LEAN>(T)
-                                        : gemv2_occupancy<false, false, MW, LEAN>(T));
-      gemv2_dispatch<MW, LEAN>(fp4, h16, T, tiles, C, cap, a, ws.partial_floats, ws.n_counters, g_force_ks, stream);
+      return wave_blocks(fp4   ? gemv2_occupancy<true, false, MW>(T)
+                         : h16 ? gemv2_occupancy<false, true, MW>(T)
+                               : gemv2_occupancy<false, false, MW>(T));
     };
-    if (g_gemv_warps == 4) run(std::integral_constant<int, 4>{}, std::false_type{});
-    else if (g_gemv_lean) run(std::integral_constant<int, 8>{}, std::true_type{});
-    else run(std::integral_constant<int, 8>{}, std::false_type{});
+    if (g_gemv_warps == 4)
+      gemv2_dispatch<4>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 4>{}), a, ws.partial_floats,
+                        ws.n_counters, g_force_ks, stream);
+    else
+      gemv2_dispatch<8>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 8>{}), a, ws.partial_floats,
+                        ws.n_counters, g_force_ks, stream);
     return;
   }
   // v1 (set_linear_kernel_version(1), or a weight pointer the cp.async path cannot take).

@@ -84,11 +84,6 @@ void set_gemv_ksplit(int ks);
 // v2: warps per block, 8 (default) or 4 (smaller blocks spread a grid of under one wave over more SMs;
 // measured slower at V4-Flash width, run 12 of docs/PERFORMANCE.md).
 void set_gemv_block_warps(int warps);
-// v2, FP8, 8-warp blocks, up to 8 rows: the lean kernel (no activation prefetch, <= 80 registers: 3 blocks per SM
-// instead of 2), so that the next kernel's blocks find a free slot and start their weight prologue under this
-// one's tail. Same sums in the same order at the same K split. Default off (nineteenth session experiment).
-void set_gemv_lean(bool on);
-bool gemv_lean();
 // v2 experiment: the GEMV and MoE decode split pickers size their grids to 1 / div of the resident-block
 // slots (default 1: a full wave), so that each call leaves room on every SM for the next kernel's blocks.
 // Measured slower (H200 run 24, batch-1 step 7.31 -> 7.75 ms with div 2): kept as a knob.
