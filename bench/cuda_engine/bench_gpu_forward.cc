@@ -6,7 +6,7 @@
 //
 //   bench_gpu_forward --model DIR [--kv fp8|bf16] [--batches 1,4,16,64] [--prompt 512] [--decode 32]
 //                     [--prefill 8192,65536] [--prefill-chunk 0] [--full-layers 43] [--repeat-layers 1]
-//                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4] [--gemv-stages N]
+//                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main]
@@ -19,7 +19,6 @@
 // --bf16-act: GpuOptions::f16_activations off (the FP8 GEMVs read bf16 activations, as before 2026-11-30).
 // --moe-warps N: warps per block of the MoE decode kernels (cudalin::set_moe_block_warps; default 4).
 // --gemv-warps N: warps per block of the decode GEMV (cudalin::set_gemv_block_warps; default 8).
-// --gemv-stages N: the FP8 decode GEMV's ring stages (cudalin::set_gemv_stages: 4 = default, 5, 6 on sm_90).
 // --moe-split SPEC: the MoE decode kernels chosen per expert by its load (cudalin::set_moe_split; light
 //   experts: <= LIGHT pairs up to 8 tokens, <= WIDE at 9-32, <= WIDER at 33-64; the light launches lean up to
 //   LEAN tokens) for launches of 2 .. TOKENS tokens (default 2:64:8:16:64), or off.
@@ -195,7 +194,6 @@ int main(int argc, char** argv) {
       cudalin::set_moe_lean(lean);
     }
     else if (a == "--gemv-warps") cudalin::set_gemv_block_warps(std::atoi(next().c_str()));
-    else if (a == "--gemv-stages") cudalin::set_gemv_stages(std::atoi(next().c_str()));
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 2; }
   }
   if (model.empty()) { std::fprintf(stderr, "--model DIR is required\n"); return 2; }

@@ -1,6 +1,6 @@
 // Benchmarks of the decode GEMV, the MXFP4 MoE decode and the prefill GEMM against the bandwidth floor
 // (bytes that must be read / the device-to-device copy bandwidth measured in the same run) and against
-// cuBLAS bf16. Prints a markdown table. Usage: bench_cuda_linear [--quick | --diag | --gemv-stages | --moe-nt | --f16-ab | --profile]
+// cuBLAS bf16. Prints a markdown table. Usage: bench_cuda_linear [--quick | --diag | --moe-nt | --f16-ab | --profile]
 // (--diag: DRAM vs L2-resident rows of the batch-1 kernels and the lean MoE kernels; --moe-nt: the MoE decode
 // rows with the n-tile count capped at 8, 4, 2, 1 (cudalin::set_moe_max_ntiles) and split by expert load).
 #include <cuda_runtime.h>
@@ -325,21 +325,6 @@ int main(int argc, char** argv) {
     bench_gemv(false, 4096, 4096, {1}, true, false, " profile");
     bench_gemv(true, 2048, 4096, {1}, true, false, " profile");
     bench_moe(true, false);
-    return 0;
-  }
-  if (argc > 1 && std::strcmp(argv[1], "--gemv-stages") == 0) {  // the FP8 GEMV's ring depth (set_gemv_stages)
-    bench_copy();
-    g_act = cudalin::ActFormat::kF16;
-    for (int st : {4, 5, 6}) {
-      cudalin::set_gemv_stages(st);
-      const std::string tag = " f16, " + std::to_string(st) + " stages";
-      bench_gemv(false, 32768, 1024, {1, 4}, true, false, tag);
-      bench_gemv(false, 4096, 8192, {1}, true, false, tag);
-      bench_gemv(false, 4096, 4096, {1}, true, false, tag);
-      bench_gemv(false, 1536, 4096, {1}, true, false, tag);
-    }
-    cudalin::set_gemv_stages(0);
-    print_rows();
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--diag") == 0) {  // DRAM-read vs L2-resident cost of the batch-1 kernels

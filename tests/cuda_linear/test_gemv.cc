@@ -232,55 +232,6 @@ TEST(CudaGemv, FourWarpBlocks) {
   EXPECT_THROW(cudalin::set_gemv_block_warps(5), Error);
 }
 
-// Deeper FP8 weight rings (set_gemv_stages 5 and 6; 6 only on compute capability 9.0): the same cases within the
-// bounds, and at every forced K split bit for bit what the default ring gives (the same sums in the same order).
-TEST(CudaGemv, RingStages) {
-  DSV4_REQUIRE_GPU();
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  const bool sm90 = prop.major == 9 && prop.minor == 0;
-  if (!sm90) EXPECT_THROW(cudalin::set_gemv_stages(6), Error);
-  EXPECT_THROW(cudalin::set_gemv_stages(3), Error);
-  std::mt19937_64 rng(seed() ^ 0x57A6E5ull);
-  for (int st : {5, 6}) {
-    if (st == 6 && !sm90) continue;
-    cudalin::set_gemv_stages(st);
-    run_case(Kind::kFp8F16, 32768, 1024, {1, 8, 9}, 90 + st);  // wq_b; 9 rows take the default kernel
-    run_case(Kind::kFp8, 1536, 4096, {1, 3}, 92 + st);         // wq_a + wkv, bf16 activations
-    run_grouped(Kind::kFp8F16, 8, 1024, 4096, 4096, 1, 94 + st);  // wo_a
-    cudalin::set_gemv_stages(0);
-    for (int ks : {1, 4, 8, 16})
-      for (int T : {1, 5}) {
-        SCOPED_TRACE(::testing::Message() << st << " stages vs 4, ks " << ks << " T " << T);
-        const int64_t rows = 2048, cols = 4096;
-        HostWeight h = random_fp8(rng, rows, cols, 112, 136, false);
-        bind(h);
-        DevBuf<uint8_t> dw(h.w), ds(h.s);
-        cudalin::DevWeight dev{h.view.fmt, rows, cols, dw.p, ds.p, h.view.scale_is_f32};
-        std::vector<float> xf;
-        std::vector<uint16_t> xb;
-        random_f16(rng, size_t(T) * cols, xf, xb);
-        DevBuf<uint16_t> dx(xb);
-        cudalin::Workspace ws = cudalin::workspace_create();
-        cudalin::set_gemv_ksplit(ks);
-        std::vector<float> out[2];
-        for (int deep = 0; deep < 2; ++deep) {
-          cudalin::set_gemv_stages(deep ? st : 0);
-          DevBuf<float> dy(size_t(T) * rows);
-          dy.poison();
-          cudalin::gemv(dev, dx.p, cols, T, dy.p, rows, ws, nullptr, cudalin::ActFormat::kF16);
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          out[deep] = dy.download();
-        }
-        cudalin::set_gemv_stages(0);
-        cudalin::set_gemv_ksplit(0);
-        cudalin::workspace_destroy(ws);
-        EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)))
-            << st << " ring stages differ from the default ring";
-      }
-  }
-}
-
 // The first kernels (still the fallback for weights the cp.async path cannot take).
 // Grids sized to 1/2 and 1/8 of the resident slots (set_decode_wave_div; default 1): other K splits, the same
 // results within the bounds, and the refusal of a divisor outside 1..8.

@@ -134,18 +134,17 @@ void launch(int T, int cpw, dim3 grid, int threads, const GemvArgs& a, cudaStrea
 // further (then ksb = MW, one tile per
 // block) with the same last-block reduction as above. Warp split s of ks_total takes chunks
 // [s*C/ks_total, (s+1)*C/ks_total). Partial sums of a tile's splits are added in fixed split order.
-// Ring stages: 4 (FP8) / 6 (MXFP4) by default; ST > 0 overrides (set_gemv_stages: FP8, one n-tile).
-template <bool FP4, int ST = 0>
-constexpr int gemv_stages() { return ST > 0 ? ST : FP4 ? 6 : 4; }
-template <bool FP4, int MW, int ST = 0>
-constexpr int gemv2_smem() { return MW * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4, ST>()>(); }
+template <bool FP4>
+constexpr int gemv_stages() { return FP4 ? 6 : 4; }
+template <bool FP4, int MW>
+constexpr int gemv2_smem() { return MW * dev::ring_bytes_per_warp<FP4, 1, gemv_stages<FP4>()>(); }
 
-template <bool FP4, int NT, bool H16, int MW, int ST = 0>
+template <bool FP4, int NT, bool H16, int MW>
 __global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_kernel(GemvArgs a, int ksb, int ks_total) {
   extern __shared__ uint4 ring[];
   __shared__ float red[MW][128];
   __shared__ int last;
-  constexpr int STAGES = gemv_stages<FP4, ST>();
+  constexpr int STAGES = gemv_stages<FP4>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int tpb = MW / ksb, tiles = static_cast<int>(a.N / 16);
@@ -188,37 +187,33 @@ __global__ void __launch_bounds__(MW * 32, (NT <= 2 ? 2 : 1) * (8 / MW)) gemv2_k
 void set_linear_pdl(bool on) { cuda::set_pdl(on); }
 namespace {
 
-// ST = 6 needs 96 KB of ring + 4 KB of static shared memory: more than SM12x's ~99 KB per block (set_gemv_stages
-// refuses it there); the default rings fit everywhere.
-template <bool FP4, int NT, bool H16, int MW, int ST = 0>
+template <bool FP4, int NT, bool H16, int MW>
 struct Gemv2 {
   static int occupancy() {
-    static_assert(ST == 6 || gemv2_smem<FP4, MW, ST>() <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
-    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW, ST>, MW * 32, gemv2_smem<FP4, MW, ST>());
+    static_assert(gemv2_smem<FP4, MW>() <= 99 * 1024, "SM12x allows ~99 KB of shared memory per block");
+    static const int n = blocks_per_sm(gemv2_kernel<FP4, NT, H16, MW>, MW * 32, gemv2_smem<FP4, MW>());
     return n;
   }
   static void run(dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-    launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW, ST>, grid, MW * 32, gemv2_smem<FP4, MW, ST>(), s, a, ksb,
-                       ks_total);
+    launch_pdl_threads(gemv2_kernel<FP4, NT, H16, MW>, grid, MW * 32, gemv2_smem<FP4, MW>(), s, a, ksb, ks_total);
   }
 };
 
-// ST: the one-n-tile kernel's ring stages (0: default); more rows take the default rings.
-template <bool FP4, bool H16, int MW, int ST>
+template <bool FP4, bool H16, int MW>
 int gemv2_occupancy(int T) {
-  return T <= 8 ? Gemv2<FP4, 1, H16, MW, ST>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16, MW>::occupancy()
+  return T <= 8 ? Gemv2<FP4, 1, H16, MW>::occupancy() : T <= 16 ? Gemv2<FP4, 2, H16, MW>::occupancy()
          : T <= 32 ? Gemv2<FP4, 4, H16, MW>::occupancy() : Gemv2<FP4, 8, H16, MW>::occupancy();
 }
-template <bool FP4, bool H16, int MW, int ST>
+template <bool FP4, bool H16, int MW>
 void gemv2_launch(int T, dim3 grid, const GemvArgs& a, int ksb, int ks_total, cudaStream_t s) {
-  if (T <= 8) Gemv2<FP4, 1, H16, MW, ST>::run(grid, a, ksb, ks_total, s);
+  if (T <= 8) Gemv2<FP4, 1, H16, MW>::run(grid, a, ksb, ks_total, s);
   else if (T <= 16) Gemv2<FP4, 2, H16, MW>::run(grid, a, ksb, ks_total, s);
   else if (T <= 32) Gemv2<FP4, 4, H16, MW>::run(grid, a, ksb, ks_total, s);
   else Gemv2<FP4, 8, H16, MW>::run(grid, a, ksb, ks_total, s);
 }
 
 // The v2 launch for one block size: K split as in gemv_impl (see there).
-template <int MW, int ST>
+template <int MW>
 void gemv2_dispatch(bool fp4, bool h16, int T, int tiles, int C, int cap_blocks, GemvArgs a, int64_t ws_partial_floats,
                     int ws_counters, int force_ks, cudaStream_t stream) {
   auto blocks = [&](int ks) {
@@ -235,9 +230,9 @@ void gemv2_dispatch(bool fp4, bool h16, int T, int tiles, int C, int cap_blocks,
   if (gy > 1 && (size_t(gy) * T * a.N > size_t(ws_partial_floats) || tiles > ws_counters))
     throw Error(str_cat("cuda gemv: workspace too small for [", a.N, ", ", a.K, "] x ", T, " rows"));
   const dim3 grid((tiles + tpb - 1) / tpb, gy);
-  if (fp4) gemv2_launch<true, false, MW, 0>(T, grid, a, ksb, ks, stream);
-  else if (h16) gemv2_launch<false, true, MW, ST>(T, grid, a, ksb, ks, stream);
-  else gemv2_launch<false, false, MW, ST>(T, grid, a, ksb, ks, stream);
+  if (fp4) gemv2_launch<true, false, MW>(T, grid, a, ksb, ks, stream);
+  else if (h16) gemv2_launch<false, true, MW>(T, grid, a, ksb, ks, stream);
+  else gemv2_launch<false, false, MW>(T, grid, a, ksb, ks, stream);
 }
 
 template <typename H>
@@ -265,14 +260,6 @@ static int g_gemv_warps = 8;
 void set_gemv_block_warps(int warps) {
   if (warps != 4 && warps != 8) throw Error(str_cat("cuda gemv: ", warps, " warps per block (4 or 8)"));
   g_gemv_warps = warps;
-}
-static int g_gemv_stages = 0;  // 0: the default ring
-void set_gemv_stages(int stages) {
-  if (stages != 0 && stages != 4 && stages != 5 && stages != 6)
-    throw Error(str_cat("cuda gemv: ", stages, " ring stages (4, 5 or 6; 0 = default)"));
-  if (stages == 6 && device_info().cc != 90)
-    throw Error("cuda gemv: 6 ring stages need compute capability 9.0 (about 100 KB of shared memory per block)");
-  g_gemv_stages = stages == 4 ? 0 : stages;
 }
 static int g_version = 2;
 void set_linear_kernel_version(int v) { g_version = v == 1 ? 1 : 2; }
@@ -318,18 +305,18 @@ void gemv_impl(const DevWeight& w, const uint16_t* x, int64_t ldx, int T, float*
     // shapes, docs/GEMM_MOE.md).
     GemvArgs a{w.w, w.scale, w.scale_is_f32, w.rows, w.cols, x, ldx, T, y, ldy, ws.partial, ws.counters, 1,
                group_rows, group_x_stride, y16.p, y16.fmt == ActFormat::kF16};
-    auto run = [&](auto mw, auto st) {
-      constexpr int MW = decltype(mw)::value, ST = decltype(st)::value;
-      const int cap = wave_blocks(fp4   ? gemv2_occupancy<true, false, MW, 0>(T)
-                                  : h16 ? gemv2_occupancy<false, true, MW, ST>(T)
-                                        : gemv2_occupancy<false, false, MW, ST>(T));
-      gemv2_dispatch<MW, ST>(fp4, h16, T, tiles, C, cap, a, ws.partial_floats, ws.n_counters, g_force_ks, stream);
+    auto cap = [&](auto mw) {
+      constexpr int MW = decltype(mw)::value;
+      return wave_blocks(fp4   ? gemv2_occupancy<true, false, MW>(T)
+                         : h16 ? gemv2_occupancy<false, true, MW>(T)
+                               : gemv2_occupancy<false, false, MW>(T));
     };
-    using I = std::integral_constant<int, 0>;
-    if (g_gemv_warps == 4) run(std::integral_constant<int, 4>{}, I{});
-    else if (g_gemv_stages == 5) run(std::integral_constant<int, 8>{}, std::integral_constant<int, 5>{});
-    else if (g_gemv_stages == 6) run(std::integral_constant<int, 8>{}, std::integral_constant<int, 6>{});
-    else run(std::integral_constant<int, 8>{}, I{});
+    if (g_gemv_warps == 4)
+      gemv2_dispatch<4>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 4>{}), a, ws.partial_floats,
+                        ws.n_counters, g_force_ks, stream);
+    else
+      gemv2_dispatch<8>(fp4, h16, T, tiles, C, cap(std::integral_constant<int, 8>{}), a, ws.partial_floats,
+                        ws.n_counters, g_force_ks, stream);
     return;
   }
   // v1 (set_linear_kernel_version(1), or a weight pointer the cp.async path cannot take).

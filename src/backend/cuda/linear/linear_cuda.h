@@ -84,9 +84,6 @@ void set_gemv_ksplit(int ks);
 // v2: warps per block, 8 (default) or 4 (smaller blocks spread a grid of under one wave over more SMs;
 // measured slower at V4-Flash width, run 12 of docs/PERFORMANCE.md).
 void set_gemv_block_warps(int warps);
-// v2 experiment, FP8, 8-warp blocks, up to 8 rows: the weight ring's stages (4 = the default, 5, or 6 on
-// compute capability 9.0 only: 96 KB of ring). Same sums in the same order. Throws on other values.
-void set_gemv_stages(int stages);
 // v2 experiment: the GEMV and MoE decode split pickers size their grids to 1 / div of the resident-block
 // slots (default 1: a full wave), so that each call leaves room on every SM for the next kernel's blocks.
 // Measured slower (H200 run 24, batch-1 step 7.31 -> 7.75 ms with div 2): kept as a knob.
