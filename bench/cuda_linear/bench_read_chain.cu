@@ -21,14 +21,11 @@
 #include <cstring>
 #include <vector>
 
+#include "read_stream_common.cuh"
+
 namespace {
 
-void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "bench_read_chain: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using namespace dsv4::bench;
 
 constexpr int kWarps = 8, kStages = 4, kChunk = 2048, kMaxMats = 64;
 
@@ -38,12 +35,7 @@ struct Chain {
   int n;
 };
 
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void wait_ring() { asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1)); }
+__device__ __forceinline__ void wait_ring() { cp_wait<kStages - 1>(); }
 
 // Warp gw of nw streams chunks [gw * n / nw, (gw + 1) * n / nw) of w: prologue() issues the first kStages - 1,
 // rest() the others (the ring as in cudalin's stream_warp; lane pieces at slot[32p + lane]).
@@ -62,14 +54,14 @@ struct WarpStream {
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
       if (i < n) issue(i);
-      commit();
+      cp_commit();
     }
   }
   __device__ uint32_t rest() {
     uint32_t acc = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (i + kStages - 1 < n) issue(i + kStages - 1);
-      commit();
+      cp_commit();
       wait_ring();
       const uint4* slot = ring + (i % kStages) * 128 + lane;
 #pragma unroll
@@ -127,33 +119,12 @@ __global__ void __launch_bounds__(kWarps * 32) read_chain_kernel(Chain c, int* c
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }
 
-template <typename F>
-double median_us(cudaStream_t s, int reps, F&& f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  f();
-  ok(cudaStreamSynchronize(s), "warm-up");
-  std::vector<double> v;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a, s);
-    f();
-    cudaEventRecord(b, s);
-    ok(cudaEventSynchronize(b), "timing");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    v.push_back(1e3 * ms);
-  }
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double copy_bandwidth(cudaStream_t s) {
   const size_t n = size_t(1) << 30;
   void *a, *b;
   ok(cudaMalloc(&a, n), "copy src");
   ok(cudaMalloc(&b, n), "copy dst");
-  const double us = median_us(s, 9, [&] { ok(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s), "copy"); });
+  const double us = median_us(s, 9, 1, [&](int) { ok(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s), "copy"); });
   cudaFree(a), cudaFree(b);
   return 2.0 * double(n) / us * 1e-3;  // GB/s, read + write
 }
@@ -164,15 +135,11 @@ int main(int argc, char** argv) {
   int layers = 8;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--layers") == 0) layers = std::max(1, std::min(8, std::atoi(argv[i + 1])));
-  int dev = 0, sms = 0;
-  ok(cudaGetDevice(&dev), "device");
-  ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
-  cudaDeviceProp prop{};
-  ok(cudaGetDeviceProperties(&prop, dev), "properties");
-  cudaStream_t s;
-  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  uint32_t* sink;
-  ok(cudaMalloc(&sink, 16), "sink");
+  const StreamBench dev;
+  const int sms = dev.sms;
+  const cudaDeviceProp& prop = dev.prop;
+  cudaStream_t s = dev.s;
+  uint32_t* sink = dev.sink;
   const double bw = copy_bandwidth(s);
 
   // One layer's matrices on the batch-1 chain (V4-Flash width; MB = 2^20 bytes rounded to whole chunks): the
@@ -254,7 +221,7 @@ int main(int argc, char** argv) {
       {"one launch per matrix", g_plain}, {"one launch per matrix, PDL", g_pdl}, {"persistent, counters", g_chain}};
   for (const auto& row : rows) {
     const cudaGraphExec_t g = row.second;
-    const double us = median_us(s, 15, [&] { ok(cudaGraphLaunch(g, s), "graph launch"); }) / layers;
+    const double us = median_us(s, 15, 1, [&](int) { ok(cudaGraphLaunch(g, s), "graph launch"); }) / layers;
     std::printf("| %s | %.1f | %.0f | %.2f |\n", row.first, us, bytes / layers / us * 1e-3, floor_us / us);
   }
   for (auto p : bufs) cudaFree(p);

@@ -16,26 +16,13 @@
 #include <cstring>
 #include <vector>
 
+#include "read_stream_common.cuh"
+
 namespace {
 
-void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "bench_read_pattern: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using namespace dsv4::bench;
 
 constexpr int kWarps = 8;  // per block, as the GEMV's default
-
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void wait_groups() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
 template <int STAGES, bool TILED>
 __global__ void __launch_bounds__(kWarps * 32) ring_read_kernel(const uint8_t* __restrict__ w, int64_t N, int64_t K,
@@ -62,13 +49,13 @@ __global__ void __launch_bounds__(kWarps * 32) ring_read_kernel(const uint8_t* _
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (i < n) issue(i);
-    commit();
+    cp_commit();
   }
   uint32_t acc = 0;
   for (int i = 0; i < n; ++i) {
     if (i + STAGES - 1 < n) issue(i + STAGES - 1);
-    commit();
-    wait_groups<STAGES - 1>();
+    cp_commit();
+    cp_wait<STAGES - 1>();
     const uint4* slot = mine + (i % STAGES) * 128 + lane;
 #pragma unroll
     for (int p = 0; p < 4; ++p) acc ^= slot[32 * p].x ^ slot[32 * p].y ^ slot[32 * p].z ^ slot[32 * p].w;
@@ -83,27 +70,6 @@ __global__ void plain_read_kernel(const uint4* __restrict__ w, int64_t n16, uint
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;
-}
-
-template <typename F>
-double median_us(cudaStream_t s, int reps, int inner, F&& f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  f(0);
-  ok(cudaDeviceSynchronize(), "warm-up");
-  std::vector<double> v;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a, s);
-    for (int i = 0; i < inner; ++i) f(i);
-    cudaEventRecord(b, s);
-    ok(cudaEventSynchronize(b), "timing");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    v.push_back(1e3 * ms / inner);
-  }
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Shape {
@@ -141,15 +107,11 @@ void run_ring(cudaStream_t s, const Shape& sh, const std::vector<uint8_t*>& mats
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int reps = quick ? 5 : 15;
-  int dev = 0, sms = 0;
-  ok(cudaGetDevice(&dev), "device");
-  ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
-  cudaDeviceProp prop{};
-  ok(cudaGetDeviceProperties(&prop, dev), "properties");
-  cudaStream_t s;
-  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  uint32_t* sink;
-  ok(cudaMalloc(&sink, 16), "sink");
+  const StreamBench dev;
+  const int sms = dev.sms;
+  const cudaDeviceProp& prop = dev.prop;
+  cudaStream_t s = dev.s;
+  uint32_t* sink = dev.sink;
   // V4-Flash's FP8 GEMVs on the batch-1 chain (wq_b, wo_a per group x 8, wo_b) and two smaller ones.
   const Shape shapes[] = {{"wq_b", 32768, 1024}, {"wo_b", 4096, 8192}, {"square", 4096, 4096},
                           {"wq_a+wkv", 1536, 4096}, {"shared w2", 4096, 2048}};
