@@ -15,6 +15,7 @@
 
 #include "backend/cuda/linear/linear_cuda.h"
 #include "../cuda_bench_util.h"
+#include "read_stream_common.cuh"  // median_us
 
 using namespace dsv4;
 
@@ -45,20 +46,7 @@ struct Timer {
   Timer() { cudaEventCreate(&a), cudaEventCreate(&b); }
   template <typename F>
   double median_us(int reps, int inner, F&& f) {  // median over reps of (time of `inner` calls) / inner
-    std::vector<double> v;
-    f(0);
-    ok(cudaDeviceSynchronize(), "warmup");
-    for (int r = 0; r < reps; ++r) {
-      cudaEventRecord(a, g_s);
-      for (int i = 0; i < inner; ++i) f(i);
-      cudaEventRecord(b, g_s);
-      ok(cudaEventSynchronize(b), "timing");
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      v.push_back(1e3 * ms / inner);
-    }
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return dsv4::bench::median_us(g_s, reps, inner, f);
   }
   // The same `inner` calls captured once in a CUDA graph, replayed: kernel time without CPU launch gaps.
   // -1 when capture fails.
