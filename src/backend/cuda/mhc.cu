@@ -66,13 +66,6 @@ __device__ __forceinline__ void prefetch_fn_l2(const HcArgs& a, int w, int cpw, 
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a.fn + (i / lines) * K + c0 * kKc + (i % lines) * 32));
 }
 
-// Warp `sub` of S: token t's sums over K range w (chunks [w*cpw, (w+1)*cpw)) for its share of the M mixes,
-// mixes m0 .. m0 + MS - 1 (MS = ceil(M / S), m0 = sub * MS), and for sub 0 also the sum of squares (index M),
-// each reduced across lanes (butterfly, fixed order) into the workspace [KS][T][M+1]. A sum's arithmetic does
-// not depend on S (S only spreads the sums over warps), so the bits do not either. With HcArgs::prev_* every
-// warp forms the previous hc_post's output for its float4s (the same loads) and warp 0 writes it to h. fn's
-// loads are issued before h's: they are independent, and issued after them (as until the eighteenth session,
-// one warp, all 24 mixes) they were a second round trip after the fused hc_post's loads.
 // a.x*b.x + a.y*b.y + a.z*b.z + a.w*b.w with its roundings spelled out. Left to the compiler, the contraction
 // into FMAs depends on the surrounding code: one warp with all 24 sums fused (x*fx) into the y product, 4 warps
 // fused (y*fy) into the x product (PTX of c16c046; run 114 caught hc_head's bits differing between the one-token
@@ -81,6 +74,13 @@ __device__ __forceinline__ float dot4_fixed(float4 a, float4 b) {
   return __fmaf_rn(a.w, b.w, __fmaf_rn(a.z, b.z, __fmaf_rn(a.y, b.y, __fmul_rn(a.x, b.x))));
 }
 
+// Warp `sub` of S: token t's sums over K range w (chunks [w*cpw, (w+1)*cpw)) for its share of the M mixes,
+// mixes m0 .. m0 + MS - 1 (MS = ceil(M / S), m0 = sub * MS), and for sub 0 also the sum of squares (index M),
+// each reduced across lanes (butterfly, fixed order) into the workspace [KS][T][M+1]. A sum's arithmetic does
+// not depend on S (S only spreads the sums over warps; dot4_fixed fixes the FMAs), so the bits do not either.
+// With HcArgs::prev_* every warp forms the previous hc_post's output for its float4s (the same loads) and warp 0
+// writes it to h. fn's loads are issued before h's: they are independent, and issued after them (as until the
+// eighteenth session, one warp, all 24 mixes) they were a second round trip after the fused hc_post's loads.
 template <int M, int S>
 __device__ __forceinline__ void mix_token(const HcArgs& a, int w, int cpw, int t, int sub) {
   constexpr int MS = (M + S - 1) / S;

@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const float* l
   route_rank_bias(bias, tid2eid, E, b);
   cuda::pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.x;
-  route_rank_row(logits + static_cast<int64_t>(t) * E, t, E, K, f, b, tid2eid, tokens, norm_topk, scaling,
-                        idx, weights);
+  route_rank_row(logits + static_cast<int64_t>(t) * E, t, E, K, f, b, tid2eid, tokens, norm_topk, scaling, idx,
+                 weights);
 }
 
 // h [rows, n] from g, u rows of stride ld.
