@@ -363,7 +363,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side) and the slot lists on the branch streams (slots_on_branches).
+// on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches) and the shared
+// expert joined only before the routed experts' w2 (shared_join_at_w2).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -384,6 +385,11 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     two.slots_on_branches = false;  // the slot lists on the main stream
     expect_identical(graphs ? "selective model, kernels, fp8 KV, slot lists on the main stream, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, slot lists on the main stream, vs one stream (eager)",
+                     gpu(1, two, c, 40), want);
+    two.slots_on_branches = true;
+    two.shared_join_at_w2 = true;  // the shared expert joined before the routed experts' w2
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, shared expert joined at w2, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, shared expert joined at w2, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
   }
 }

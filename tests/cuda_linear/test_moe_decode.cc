@@ -8,7 +8,9 @@
 // max |ref| per element over every printed case: we ask 4e-6 and 1e-5. The f16 path (ActFormat::kF16: x and h
 // in f16, the weights converted exactly to f16) rounds h by <= 2^-12 instead: the same bounds hold.
 #include <algorithm>
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "backend/cpu/moe.h"
 #include "core/error.h"
@@ -300,6 +302,83 @@ TEST(CudaMoeDecode, SplitByExpertLoad) {
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 16, 0}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 64, 8, 65}), dsv4::Error);
   EXPECT_THROW(cudalin::set_moe_split({true, 2, 64, 8, 16, 7}), dsv4::Error);
+}
+
+// A host node that sleeps 2 ms: the producer is still busy when the consumer's kernels are launched.
+void CUDART_CB sleep_2ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }
+
+// out_ready: `out` (accumulate) is written on another stream by a producer that is still busy when moe_decode
+// is called; moe_decode waits for the producer's event only before w2 (the engine's shared expert, joined late:
+// GpuOptions::shared_join_at_w2). The result must equal the call with `out` ready beforehand, bit for bit,
+// on every path: one token (one launch per matrix), the split by expert load (2-64 tokens), the v1 kernels
+// (their combine kernel), eagerly and captured in a graph. Without the join, w2 would add the NaN poison.
+TEST(CudaMoeDecode, OutReadyJoinsTheProducerBeforeW2) {
+  DSV4_REQUIRE_GPU();
+  const cudalin::MoeShape s = small_shape();
+  std::mt19937_64 rng(seed() ^ 0x0DE4ull);
+  Experts X = make_experts(rng, s);
+  cudaStream_t main_s, prod_s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&prod_s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t ready;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  for (int version : {2, 1})
+    for (int T : {1, 5, 20})
+      for (bool graph : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "v" << version << " T " << T << (graph ? " graph" : " eager"));
+        cudalin::set_linear_kernel_version(version);
+        std::vector<float> xf;
+        std::vector<uint16_t> xb;
+        random_bf16(rng, size_t(T) * s.hidden, xf, xb);
+        const std::vector<int32_t> idx = make_routes(rng, Route::kRandom, T, s);
+        std::vector<float> wts(idx.size()), prior(size_t(T) * s.hidden);
+        std::uniform_real_distribution<float> wd(0.05f, 0.5f);
+        for (auto& w : wts) w = wd(rng);
+        std::normal_distribution<float> nd;
+        for (auto& p : prior) p = nd(rng);
+        DevBuf<uint16_t> dx(xb);
+        DevBuf<int32_t> didx(idx);
+        DevBuf<float> dw(wts), dprior(prior), want(prior.size()), got(prior.size());
+        cudalin::MoeWorkspace ws = cudalin::moe_workspace_create(s, T);
+        want.upload(prior);
+        cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, want.p, true, ws, main_s);
+        ASSERT_EQ(cudaStreamSynchronize(main_s), cudaSuccess);
+        got.poison();
+        auto step = [&] {  // the producer on prod_s, moe_decode on main_s joined through `ready`
+          ASSERT_EQ(cudaEventRecord(ready, main_s), cudaSuccess);  // fork prod_s from main_s (needed in capture)
+          ASSERT_EQ(cudaStreamWaitEvent(prod_s, ready, 0), cudaSuccess);
+          ASSERT_EQ(cudaLaunchHostFunc(prod_s, sleep_2ms, nullptr), cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(got.p, dprior.p, prior.size() * sizeof(float), cudaMemcpyDeviceToDevice, prod_s),
+                    cudaSuccess);
+          ASSERT_EQ(cudaEventRecord(ready, prod_s), cudaSuccess);
+          cudalin::moe_decode(s, X.dev->p, dx.p, didx.p, dw.p, T, got.p, true, ws, main_s, cudalin::ActFormat::kBf16,
+                              ready);
+        };
+        if (graph) {
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          ASSERT_EQ(cudaStreamBeginCapture(main_s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+          step();
+          ASSERT_EQ(cudaStreamEndCapture(main_s, &g), cudaSuccess) << "prod_s is not joined back";
+          ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+          ASSERT_EQ(cudaGraphLaunch(ge, main_s), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(main_s), cudaSuccess);
+          cudaGraphExecDestroy(ge);
+          cudaGraphDestroy(g);
+        } else {
+          step();
+          ASSERT_EQ(cudaStreamSynchronize(main_s), cudaSuccess);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> a = want.download(), b = got.download();
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << "moe_decode with out_ready differs from moe_decode with out ready beforehand";
+        cudalin::moe_workspace_destroy(ws);
+      }
+  cudalin::set_linear_kernel_version(2);
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(prod_s);
+  cudaStreamDestroy(main_s);
 }
 
 TEST(CudaMoeDecode, Version1) {

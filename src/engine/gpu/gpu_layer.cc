@@ -365,18 +365,24 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");
+  const bool moe_kernels = !opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4;
+  // GpuOptions::shared_join_at_w2: the MoE decode's w1/w3 run beside the shared expert, whose stream is joined
+  // just before w2 (the first kernel that touches s.y: moe_decode's out_ready).
+  const bool join_at_w2 = par && opt.shared_join_at_w2 && moe_kernels && T <= 64;
   bool accumulate = false;
   if (L.has_shared) {
-    if (par) hand_over(side, stream, ev_join);
+    if (join_at_w2) cuda::check(cudaEventRecord(ev_join, side), "cudaEventRecord (the shared expert's join)");
+    else if (par) hand_over(side, stream, ev_join);
     else shared_expert();
     accumulate = true;
     mark(li, "shared_expert");
   }
-  if (!opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4) {
+  if (moe_kernels) {
     cudalin::MoeShape shape{static_cast<int>(D), static_cast<int>(I), E, K, limit};
     if (T <= 64)
       cudalin::moe_decode(shape, L.experts, x16.moe ? s.xhx : xb, s.idx, s.wts, T, s.y, accumulate, moe_ws, stream,
-                          x16.moe ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16);
+                          x16.moe ? cudalin::ActFormat::kF16 : cudalin::ActFormat::kBf16,
+                          join_at_w2 ? ev_join : nullptr);
     else if (opt.f16_activations && opt.moe_prefill_f16 && L.experts_fit_f16)  // chunked prefill, f16 (x from fp32)
       cudalin::moe_prefill_f16(shape, L.experts, s.x, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
     else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")

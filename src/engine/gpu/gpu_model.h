@@ -70,6 +70,11 @@ struct GpuOptions {
   // ring write) runs on the compressor's stream once the GEMV has written kv, off the main stream's q chain.
   // Same results, bit for bit. H200 run 24: batch-1 step 7.311 -> 7.220 ms. Off: on the main stream.
   bool kv_row_on_side = true;
+  // With overlap_branches the shared expert's stream is joined just before the routed experts' w2 (the first
+  // kernel that adds into the shared expert's output) instead of before their w1/w3, so w1/w3 run beside the
+  // shared expert (~20 us of GEMVs at batch 1, against the router's ~8). Same results, bit for bit (the same
+  // kernels and sums; only a dependency moves). Off until an A/B on the H200 (nineteenth session, untested).
+  bool shared_join_at_w2 = false;
   // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
   // bit. Off: on the main stream after the joins.

@@ -169,9 +169,12 @@ struct MoeSplit {
 };
 void set_moe_split(const MoeSplit& split);
 
+// out_ready (optional): an event the producer of `out` recorded (e.g. the shared expert on another stream when
+// accumulate is set); the stream waits for it only before the first kernel that reads or writes `out` (w2's
+// combine), so w1/w3 run beside that producer. Without it, `out` must be ready when moe_decode is called.
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,
-                ActFormat act = ActFormat::kBf16);
+                ActFormat act = ActFormat::kBf16, cudaEvent_t out_ready = nullptr);
 // Whether every expert's scale bytes (experts: device array of s.n_experts) lie where the f16 path of
 // moe_decode is exact: 2^-23 .. 2^9, i.e. UE8M0 bytes 104 .. 136 (checkpoint scales sit near 2^-8; NaN
 // scales, 255, are outside). Synchronizes the stream.

@@ -505,6 +505,12 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
   }
 }
 
+// moe_decode's out_ready: the stream waits for it before the first kernel that reads or writes `out` (w2's
+// combine; v1's combine kernel), so w1/w3 may run beside the producer of `out`.
+void wait_out_ready(cudaStream_t s, cudaEvent_t out_ready) {
+  if (out_ready) check_cuda(cudaStreamWaitEvent(s, out_ready, 0), "moe_decode: cudaStreamWaitEvent (out_ready)");
+}
+
 template <int NT, bool H16, int MW>
 struct Moe2 {
   // Resident blocks per SM of each kernel (the lean ones exist for NT == 1 only).
@@ -551,15 +557,17 @@ struct Moe2 {
                        moe2_ring_smem<1, MW, LEAN>(), s, a);
     return a.ksb;
   }
-  static void run(const Moe2Args& a, int max_active, cudaStream_t s) {
+  static void run(const Moe2Args& a, int max_active, cudaStream_t s, cudaEvent_t out_ready) {
     if constexpr (NT == 1) {  // the lean kernels exist for one n-tile only
       const LeanKernels lean = lean_kernels(a.T <= g_moe_lean.max_tokens, a.P);
       if (lean.w13) w13<true>(a, max_active, s);
       else w13<false>(a, max_active, s);
+      wait_out_ready(s, out_ready);
       if (lean.w2) w2<true>(a, max_active, 0, s);
       else w2<false>(a, max_active, 0, s);
     } else {
       w13<false>(a, max_active, s);
+      wait_out_ready(s, out_ready);
       w2<false>(a, max_active, 0, s);
     }
   }
@@ -570,7 +578,7 @@ struct Moe2 {
 // w1/w3 light, heavy, w2 light, heavy (PDL keeps each after its predecessor). The heavy grid has one slot per
 // expert that can have more than light_max pairs.
 template <int MW, int NTH>
-void run_split(const Moe2Args& a, int max_active, int light_max, bool lean, cudaStream_t s) {
+void run_split(const Moe2Args& a, int max_active, int light_max, bool lean, cudaStream_t s, cudaEvent_t out_ready) {
   using L = Moe2<1, true, MW>;
   using H = Moe2<NTH, true, MW>;
   Moe2Args light = a, heavy = a;
@@ -584,6 +592,7 @@ void run_split(const Moe2Args& a, int max_active, int light_max, bool lean, cuda
   if (lk.w13) L::template w13<true, kLight>(light, max_active, s);
   else L::template w13<false, kLight>(light, max_active, s);
   if (heavy_y > 0) H::template w13<false, kHeavy>(heavy, heavy_y, s);
+  wait_out_ready(s, out_ready);
   const int ksb = lk.w2 ? L::template w2<true, kLight>(light, max_active, 0, s)
                         : L::template w2<false, kLight>(light, max_active, 0, s);
   if (heavy_y > 0) H::template w2<false, kHeavy>(heavy, heavy_y, ksb, s);
@@ -610,28 +619,28 @@ void launch_experts(int cpw13, int cpw2, dim3 g13, dim3 g2, const MoeArgs& a, cu
 // random routes 1,985 -> 1,447 us, batch-64 step 92.0 -> 73.3 ms; all 64 tokens on the same 6 experts
 // 450 -> 632 us): the NT = 8 kernels hold 234-246 registers, so 2 blocks of 4 warps per SM.
 template <bool H16, int MW>
-void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream) {
+void run_v2_nt(const Moe2Args& a, int T, int max_active, cudaStream_t stream, cudaEvent_t out_ready) {
   // The split's kernels are built for the default format and blocks only (f16 activations, 4 warps).
   if constexpr (H16 && MW == 4) {
     if (g_moe_split.on && T >= 2 && T <= g_moe_split.max_tokens) {
-      if (T <= 8) return run_split<MW, 1>(a, max_active, g_moe_split.light_tokens, true, stream);
+      if (T <= 8) return run_split<MW, 1>(a, max_active, g_moe_split.light_tokens, true, stream, out_ready);
       const int wide = g_moe_split.wide_light_tokens;
       const bool lean = T <= g_moe_split.lean_light_tokens;
-      if (T <= 16) return run_split<MW, 2>(a, max_active, wide, lean, stream);
-      if (T <= 32) return run_split<MW, 4>(a, max_active, wide, lean, stream);
-      return run_split<MW, 8>(a, max_active, g_moe_split.wider_light_tokens, lean, stream);
+      if (T <= 16) return run_split<MW, 2>(a, max_active, wide, lean, stream, out_ready);
+      if (T <= 32) return run_split<MW, 4>(a, max_active, wide, lean, stream, out_ready);
+      return run_split<MW, 8>(a, max_active, g_moe_split.wider_light_tokens, lean, stream, out_ready);
     }
   }
-  if (T <= 8 || g_moe_max_nt == 1) Moe2<1, H16, MW>::run(a, max_active, stream);
-  else if (T <= 16 || g_moe_max_nt == 2) Moe2<2, H16, MW>::run(a, max_active, stream);
-  else if (T <= 32 || g_moe_max_nt == 4) Moe2<4, H16, MW>::run(a, max_active, stream);
-  else Moe2<8, H16, MW>::run(a, max_active, stream);
+  if (T <= 8 || g_moe_max_nt == 1) Moe2<1, H16, MW>::run(a, max_active, stream, out_ready);
+  else if (T <= 16 || g_moe_max_nt == 2) Moe2<2, H16, MW>::run(a, max_active, stream, out_ready);
+  else if (T <= 32 || g_moe_max_nt == 4) Moe2<4, H16, MW>::run(a, max_active, stream, out_ready);
+  else Moe2<8, H16, MW>::run(a, max_active, stream, out_ready);
 }
 
 template <int MW>
-void run_v2(const Moe2Args& a, int T, bool h16, int max_active, cudaStream_t stream) {
-  if (h16) run_v2_nt<true, MW>(a, T, max_active, stream);
-  else run_v2_nt<false, MW>(a, T, max_active, stream);
+void run_v2(const Moe2Args& a, int T, bool h16, int max_active, cudaStream_t stream, cudaEvent_t out_ready) {
+  if (h16) run_v2_nt<true, MW>(a, T, max_active, stream, out_ready);
+  else run_v2_nt<false, MW>(a, T, max_active, stream, out_ready);
 }
 
 int chunks_per_warp(int K, const char* what, const MoeShape& s) {
@@ -699,7 +708,7 @@ void moe_workspace_destroy(MoeWorkspace& ws) {
 
 void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, const int32_t* idx,
                 const float* weights, int T, float* out, bool accumulate, MoeWorkspace& ws, cudaStream_t stream,
-                ActFormat act) {
+                ActFormat act, cudaEvent_t out_ready) {
   require_supported_device();
   const bool h16 = act == ActFormat::kF16;
   if (T < 1 || T > 64 || T > ws.max_tokens)
@@ -716,8 +725,8 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
     Moe2Args a{experts, idx, s.hidden, s.inter, s.n_experts, s.top_k, P, T, s.swiglu_limit, x, weights,
                ws.h, ws.ybuf, out,
                ws.meta + 2 + 2 * size_t(s.n_experts) + 2 * size_t(ws.max_tokens) * s.top_k, accumulate, 1};
-    if (g_moe_warps == 8) run_v2<8>(a, T, h16, max_active, stream);
-    else run_v2<4>(a, T, h16, max_active, stream);
+    if (g_moe_warps == 8) run_v2<8>(a, T, h16, max_active, stream, out_ready);
+    else run_v2<4>(a, T, h16, max_active, stream, out_ready);
     return;
   }
   Meta m{ws.meta, s.n_experts, P};
@@ -730,6 +739,7 @@ void moe_decode(const MoeShape& s, const DevExpert* experts, const uint16_t* x, 
   else if (T <= 32) launch_experts<4>(cpw13, cpw2, g13, g2, a, stream);
   else launch_experts<8>(cpw13, cpw2, g13, g2, a, stream);
   const int64_t n = int64_t(T) * s.hidden;
+  wait_out_ready(stream, out_ready);
   check_cuda(cuda::launch(combine_kernel, dim3(static_cast<int>(std::min<int64_t>((n + 255) / 256, 2048))), dim3(256), 0, stream, 
       ws.ybuf, idx, T, s.top_k, s.n_experts, s.hidden, accumulate, out), "combine_kernel launch");
   check_cuda(cudaGetLastError(), "moe combine launch");
