@@ -9,7 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
-//                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-at-w2]
+//                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-at-w2] [--branch-priority]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -25,6 +25,7 @@
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
 // --slots-on-main: GpuOptions::slots_on_branches off (the slot lists on the main stream after the joins).
 // --shared-join-at-w2: GpuOptions::shared_join_at_w2 on (the shared expert joined before the routed w2).
+// --branch-priority: GpuOptions::branch_priority on (the branch stream at the greatest priority).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -139,6 +140,7 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
+  bool branch_priority = defaults.branch_priority;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--slots-on-main") slots_branches = false;
     else if (a == "--shared-join-at-w2") shared_join_w2 = true;
+    else if (a == "--branch-priority") branch_priority = true;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
@@ -218,6 +221,7 @@ int main(int argc, char** argv) {
     o.kv_row_on_side = kv_side;
     o.slots_on_branches = slots_branches;
     o.shared_join_at_w2 = shared_join_w2;
+    o.branch_priority = branch_priority;
     o.gemm_f32_linears = gemm_f32_linears;
     o.moe_prefill_f16 = moe_prefill_f16;
     o.indexer_fp8_q = indexer_fp8_q;

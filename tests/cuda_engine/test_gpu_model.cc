@@ -363,8 +363,9 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
-// on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches) and the shared
-// expert joined only before the routed experts' w2 (shared_join_at_w2).
+// on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches), the shared
+// expert joined only before the routed experts' w2 (shared_join_at_w2) and the branch stream at the greatest
+// priority (branch_priority).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -390,6 +391,10 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     two.shared_join_at_w2 = true;  // the shared expert joined before the routed experts' w2
     expect_identical(graphs ? "selective model, kernels, fp8 KV, shared expert joined at w2, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, shared expert joined at w2, vs one stream (eager)",
+                     gpu(1, two, c, 40), want);
+    two.branch_priority = true;  // the branch stream at the greatest priority (graphs: node priorities)
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, branch stream prioritized, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, branch stream prioritized, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
   }
 }

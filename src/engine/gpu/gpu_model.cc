@@ -225,7 +225,9 @@ void GpuModel::Impl::launch_step(int T) {
     }
     cuda::check(cudaStreamEndCapture(stream, &g), "end decode-step capture");
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    // GpuOptions::branch_priority: captured kernel nodes carry their stream's priority, used only with this flag.
+    const cudaError_t err =
+        cudaGraphInstantiate(&exec, g, opt.branch_priority ? cudaGraphInstantiateFlagUseNodePriority : 0);
     cudaGraphDestroy(g);
     cuda::check(err, "instantiate decode-step graph");
     it = graphs.emplace(key, exec).first;
@@ -296,7 +298,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   im.opt = opt;
   cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   if (opt.overlap_branches) {
-    cuda::check(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
+    // GpuOptions::branch_priority: the branch stream at the device's greatest priority (numerically lowest).
+    int least = 0, greatest = 0;
+    cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    cuda::check(cudaStreamCreateWithPriority(&im.side, cudaStreamNonBlocking, opt.branch_priority ? greatest : least),
+                "cudaStreamCreate (side)");
     cuda::check(cudaStreamCreateWithFlags(&im.side2, cudaStreamNonBlocking), "cudaStreamCreate (side2)");
     for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");

@@ -75,6 +75,11 @@ struct GpuOptions {
   // shared expert (~20 us of GEMVs at batch 1, against the router's ~8). Same results, bit for bit (the same
   // kernels and sums; only a dependency moves). Off until an A/B on the H200 (nineteenth session, untested).
   bool shared_join_at_w2 = false;
+  // With overlap_branches the branch stream (the CSA indexer, the shared expert) has the device's greatest
+  // stream priority, kept in the captured graphs: when SM slots free up, its blocks go first. From 8K context
+  // the indexer branch (scores + top-k, ~20 us) runs beside the q GEMV, whose blocks fill every SM, and may join
+  // late. Same results, bit for bit. Off until an A/B at several contexts (nineteenth session, untested).
+  bool branch_priority = false;
   // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
   // bit. Off: on the main stream after the joins.
