@@ -254,6 +254,14 @@ void run_gaps(cudaStream_t s, uint32_t* sink, const Chain& chain, int layers, in
   ok(cudaMalloc(&counters, 2 * kMaxSteps * sizeof(int)), "counters");
   ok(cudaFuncSetAttribute(read_gaps_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
   ok(cudaFuncSetAttribute(read_gaps_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
+  for (auto k : {read_gaps_kernel<false>, read_gaps_kernel<true>}) {  // every block must be resident (it spins)
+    int occ = 0;
+    ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, kWarps * 32, smem), "occupancy");
+    if (blocks > occ * sms) {
+      std::fprintf(stderr, "bench_read_chain --gaps: %d blocks, but only %d x %d resident\n", blocks, occ, sms);
+      std::exit(1);
+    }
+  }
   cudaStream_t side;
   ok(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "side stream");
   cudaEvent_t fork, join;
