@@ -100,6 +100,14 @@ __global__ void __launch_bounds__(kWarps * 32) read_one_kernel(const uint8_t* __
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the reads; practically never true
 }
 
+// Arrival counters of the persistent kernels: the calling thread spins until *c >= target (acquire), or adds
+// one after its block's stores (release).
+__device__ __forceinline__ void spin_until(const int* c, int target) {
+  int seen;
+  do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(c) : "memory"); while (seen < target);
+}
+__device__ __forceinline__ void arrive(int* c) { asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(c) : "memory"); }
+
 // The whole chain in one launch (every block resident: the host sizes the grid by occupancy). Matrix i waits
 // for counters[i - 1] == gridDim.x; counters are zero before the launch.
 __global__ void __launch_bounds__(kWarps * 32) read_chain_kernel(Chain c, int* counters, uint32_t* sink) {
@@ -109,19 +117,12 @@ __global__ void __launch_bounds__(kWarps * 32) read_chain_kernel(Chain c, int* c
     WarpStream s = warp_stream(c.mat[i], c.chunks[i], ring);
     s.prologue();
     if (i > 0) {
-      if (threadIdx.x == 0) {
-        int seen;
-        do {
-          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(counters + i - 1) : "memory");
-        } while (seen < static_cast<int>(gridDim.x));
-      }
+      if (threadIdx.x == 0) spin_until(counters + i - 1, gridDim.x);
       __syncthreads();
     }
     acc ^= s.rest();
     __syncthreads();  // every warp of the block is done with matrix i (and its ring slots)
-    if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counters + i) : "memory");
-    }
+    if (threadIdx.x == 0) arrive(counters + i);
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }
@@ -173,13 +174,8 @@ __global__ void __launch_bounds__(kWarps * 32) read_gaps_kernel(GapChain c, int*
                                                                 uint32_t* sink) {
   extern __shared__ uint4 ring[];
   uint32_t acc = 0;
-  auto wait_for = [&](int* ctr, int target) {
-    if (threadIdx.x == 0) {
-      int seen;
-      do {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(ctr) : "memory");
-      } while (seen < target);
-    }
+  auto wait_for = [&](const int* ctr, int target) {
+    if (threadIdx.x == 0) spin_until(ctr, target);
     __syncthreads();
   };
   for (int i = 0; i < c.n; ++i) {
@@ -191,14 +187,9 @@ __global__ void __launch_bounds__(kWarps * 32) read_gaps_kernel(GapChain c, int*
         asm volatile("prefetch.global.L2 [%0];" ::"l"(s.w + (s.c0 + k) * kChunk + s.lane * 128));
     if (gap) {
       if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (i > 0) {
-          int seen;
-          do {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(counters + i - 1) : "memory");
-          } while (seen < static_cast<int>(gridDim.x));
-        }
+        if (i > 0) spin_until(counters + i - 1, gridDim.x);
         acc ^= run_gap(chase, c.gap[i]);
-        asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counters + c.n + i) : "memory");
+        arrive(counters + c.n + i);
       }
       wait_for(counters + c.n + i, 1);
     } else if (i > 0) {
@@ -206,7 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32) read_gaps_kernel(GapChain c, int*
     }
     acc ^= s.rest();
     __syncthreads();
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counters + i) : "memory");
+    if (threadIdx.x == 0) arrive(counters + i);
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }
@@ -219,6 +210,35 @@ double copy_bandwidth(cudaStream_t s) {
   const double us = median_us(s, 9, 1, [&](int) { ok(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s), "copy"); });
   cudaFree(a), cudaFree(b);
   return 2.0 * double(n) / us * 1e-3;  // GB/s, read + write
+}
+
+// Captures body() on stream s into an executable graph.
+template <typename F>
+cudaGraphExec_t graph_of(cudaStream_t s, F&& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+  body();
+  ok(cudaStreamEndCapture(s, &g), "end capture");
+  ok(cudaGraphInstantiate(&e, g, 0), "instantiate");
+  cudaGraphDestroy(g);
+  return e;
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where pdl.
+template <typename... KArgs, typename... Args>
+void launch_on(cudaStream_t s, bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  ok(cudaLaunchKernelEx(&cfg, kernel, args...), "launch");
 }
 
 // --gaps (see the top of the file). The weight-free kernels of a layer, in order, before the read they precede:
@@ -267,19 +287,6 @@ void run_gaps(cudaStream_t s, uint32_t* sink, const Chain& chain, int layers, in
   cudaEvent_t fork, join;
   ok(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "event");
   ok(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "event");
-  auto launch_pdl = [&](auto kernel, dim3 grid, dim3 block, int shm, auto... args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = shm;
-    cfg.stream = s;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    ok(cudaLaunchKernelEx(&cfg, kernel, args...), "launch");
-  };
   // What the launch rows capture: gaps and / or reads as PDL launches; with prefetch, a side stream sends each
   // read's matrix to L2 from the start of the gap before it.
   auto launches = [&](bool with_gaps, bool with_reads, bool prefetch) {
@@ -290,38 +297,29 @@ void run_gaps(cudaStream_t s, uint32_t* sink, const Chain& chain, int layers, in
           ok(cudaStreamWaitEvent(side, fork, 0), "fork");
           l2_prefetch_kernel<<<64, 256, 0, side>>>(chain.mat[i], chain.chunks[i] * kChunk);
         }
-        launch_pdl(gap_kernel, dim3(1), dim3(32), 0, static_cast<const uint32_t*>(chase), gc.gap[i], sink);
+        launch_on(s, true, gap_kernel, dim3(1), dim3(32), 0, static_cast<const uint32_t*>(chase), gc.gap[i], sink);
       }
       if (with_reads)
-        launch_pdl(read_one_kernel<true>, dim3(blocks), dim3(kWarps * 32), smem, chain.mat[i], chain.chunks[i], sink);
+        launch_on(s, true, read_one_kernel<true>, dim3(blocks), dim3(kWarps * 32), smem, chain.mat[i], chain.chunks[i],
+                  sink);
     }
     if (prefetch) {
       ok(cudaEventRecord(join, side), "join");
       ok(cudaStreamWaitEvent(s, join, 0), "join");
     }
   };
-  auto graph_of = [&](auto&& body) {
-    cudaGraph_t g;
-    cudaGraphExec_t e;
-    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
-    body();
-    ok(cudaStreamEndCapture(s, &g), "end capture");
-    ok(cudaGraphInstantiate(&e, g, 0), "instantiate");
-    cudaGraphDestroy(g);
-    return e;
-  };
   const std::pair<const char*, cudaGraphExec_t> rows[] = {
-      {"gaps alone (PDL launches)", graph_of([&] { launches(true, false, false); })},
-      {"weights alone (PDL launches)", graph_of([&] { launches(false, true, false); })},
-      {"gaps and weights, PDL launches (the engine today)", graph_of([&] { launches(true, true, false); })},
-      {"the same, next matrix to L2 on a side stream during each gap", graph_of([&] { launches(true, true, true); })},
+      {"gaps alone (PDL launches)", graph_of(s, [&] { launches(true, false, false); })},
+      {"weights alone (PDL launches)", graph_of(s, [&] { launches(false, true, false); })},
+      {"gaps and weights, PDL launches (the engine today)", graph_of(s, [&] { launches(true, true, false); })},
+      {"the same, next matrix to L2 on a side stream during each gap", graph_of(s, [&] { launches(true, true, true); })},
       {"persistent: block 0 runs the gaps, the others fill their rings",
-       graph_of([&] {
+       graph_of(s, [&] {
          ok(cudaMemsetAsync(counters, 0, 2 * kMaxSteps * sizeof(int), s), "zero counters");
          read_gaps_kernel<false><<<blocks, kWarps * 32, smem, s>>>(gc, counters, chase, sink);
        })},
       {"persistent, and the rest of the next matrix to L2 during each gap",
-       graph_of([&] {
+       graph_of(s, [&] {
          ok(cudaMemsetAsync(counters, 0, 2 * kMaxSteps * sizeof(int), s), "zero counters");
          read_gaps_kernel<true><<<blocks, kWarps * 32, smem, s>>>(gc, counters, chase, sink);
        })},
@@ -396,36 +394,14 @@ int main(int argc, char** argv) {
   // Two blocks of 8 warps per SM, as the decode GEMV (its registers allow two).
   const int blocks = sms * std::min(2, std::min(occ_one, occ_chain));
 
-  auto graph_of = [&](auto&& body) {
-    cudaGraph_t g;
-    cudaGraphExec_t e;
-    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
-    body();
-    ok(cudaStreamEndCapture(s, &g), "end capture");
-    ok(cudaGraphInstantiate(&e, g, 0), "instantiate");
-    cudaGraphDestroy(g);
-    return e;
-  };
   auto launches = [&](bool pdl) {
-    for (int i = 0; i < chain.n; ++i) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(blocks);
-      cfg.blockDim = dim3(kWarps * 32);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = s;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr.val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = pdl ? 1 : 0;
-      ok(pdl ? cudaLaunchKernelEx(&cfg, read_one_kernel<true>, chain.mat[i], chain.chunks[i], sink)
-             : cudaLaunchKernelEx(&cfg, read_one_kernel<false>, chain.mat[i], chain.chunks[i], sink),
-         "read_one_kernel");
-    }
+    for (int i = 0; i < chain.n; ++i)
+      launch_on(s, pdl, pdl ? read_one_kernel<true> : read_one_kernel<false>, dim3(blocks), dim3(kWarps * 32), smem,
+                chain.mat[i], chain.chunks[i], sink);
   };
-  cudaGraphExec_t g_plain = graph_of([&] { launches(false); });
-  cudaGraphExec_t g_pdl = graph_of([&] { launches(true); });
-  cudaGraphExec_t g_chain = graph_of([&] {
+  cudaGraphExec_t g_plain = graph_of(s, [&] { launches(false); });
+  cudaGraphExec_t g_pdl = graph_of(s, [&] { launches(true); });
+  cudaGraphExec_t g_chain = graph_of(s, [&] {
     ok(cudaMemsetAsync(counters, 0, kMaxMats * sizeof(int), s), "zero counters");
     read_chain_kernel<<<blocks, kWarps * 32, smem, s>>>(chain, counters, sink);
   });
