@@ -9,7 +9,7 @@
 #      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave, (MOE_SPLIT_AB="1 2")
 #      at batch 4 / 16 / 64 with the MoE kernels chosen per expert load, (KV_SIDE_AB=1) with the window KV row
 #      encoded on the compressor's stream, (SLOTS_AB=1) with the slot
-#      lists on the main stream, (SHARED_JOIN_AB=1) with the shared expert joined before the routed w2, (BRANCH_PRIO_AB=1) with
+#      lists on the main stream, (SHARED_JOIN_AB=1) with the shared expert joined before the routed w1/w3, (BRANCH_PRIO_AB=1) with
 #      the branch stream at the greatest priority,
 #      (PREFILL_AB="2048 8192") prefill of 8,192 tokens in those chunks: the default, --glue-f32-linears,
 #      --moe-prefill-bf16 and --moe-prefill-kernel 2;
@@ -48,7 +48,7 @@ BENCH_FLAGS=("$@")
 for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$d"; done
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
 [ -n "${SLOTS_AB:-}" ] && ab slots-on-main "with the slot lists on the main stream (--slots-on-main)" --slots-on-main
-[ -n "${SHARED_JOIN_AB:-}" ] && ab shared-join-at-w2 "with the shared expert joined before the routed w2 (--shared-join-at-w2)" --shared-join-at-w2
+[ -n "${SHARED_JOIN_AB:-}" ] && ab shared-join-before-moe "with the shared expert joined before the routed w1/w3 (--shared-join-before-moe)" --shared-join-before-moe
 [ -n "${BRANCH_PRIO_AB:-}" ] && ab branch-priority "with the branch stream at the greatest priority (--branch-priority)" --branch-priority
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 # PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, with the router's and weights_proj's

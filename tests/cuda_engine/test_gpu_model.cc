@@ -374,6 +374,7 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     one.overlap_branches = false;
     two.overlap_branches = true;
     two.kv_row_on_side = false;  // the window KV row's encode on the main stream
+    two.shared_join_at_w2 = false;  // the shared expert joined before the routed experts' w1/w3
     one.cuda_graphs = two.cuda_graphs = graphs;
     const auto want = gpu(1, one, c, 40);
     expect_identical(graphs ? "selective model, kernels, fp8 KV, two streams vs one (graphs)"
@@ -392,7 +393,8 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     expect_identical(graphs ? "selective model, kernels, fp8 KV, shared expert joined at w2, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, shared expert joined at w2, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
-    two.branch_priority = true;  // the branch stream at the greatest priority (graphs: node priorities)
+    two.branch_priority = true;  // the branch stream at the greatest priority (graphs: node priorities), the
+                                 // shared expert on side2
     expect_identical(graphs ? "selective model, kernels, fp8 KV, branch stream prioritized, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, branch stream prioritized, vs one stream (eager)",
                      gpu(1, two, c, 40), want);

@@ -356,9 +356,12 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     }
   };
   const bool par = L.has_shared && overlap(T);
+  // GpuOptions::branch_priority raises `side` for the indexer branch; the shared expert then takes side2 (default
+  // priority, idle in the FFN) so that its blocks do not go before the routed experts' w1/w3 on the main chain.
+  cudaStream_t sh_stream = opt.branch_priority ? side2 : side;
   if (par) {
-    hand_over(stream, side, ev_fork);
-    OnSide on(*this);
+    hand_over(stream, sh_stream, ev_fork);
+    OnSide on(*this, sh_stream, ws_side, s.xb_side);
     shared_expert();
   }
   linear_f32(L.gate.g, s.gate_f32, T, s.router);
@@ -371,8 +374,8 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
   const bool join_at_w2 = par && opt.shared_join_at_w2 && moe_kernels && T <= 64;
   bool accumulate = false;
   if (L.has_shared) {
-    if (join_at_w2) cuda::check(cudaEventRecord(ev_join, side), "cudaEventRecord (the shared expert's join)");
-    else if (par) hand_over(side, stream, ev_join);
+    if (join_at_w2) cuda::check(cudaEventRecord(ev_join, sh_stream), "cudaEventRecord (the shared expert's join)");
+    else if (par) hand_over(sh_stream, stream, ev_join);
     else shared_expert();
     accumulate = true;
     mark(li, "shared_expert");

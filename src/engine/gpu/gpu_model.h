@@ -73,12 +73,17 @@ struct GpuOptions {
   // With overlap_branches the shared expert's stream is joined just before the routed experts' w2 (the first
   // kernel that adds into the shared expert's output) instead of before their w1/w3, so w1/w3 run beside the
   // shared expert (~20 us of GEMVs at batch 1, against the router's ~8). Same results, bit for bit (the same
-  // kernels and sums; only a dependency moves). Off until an A/B on the H200 (nineteenth session, untested).
-  bool shared_join_at_w2 = false;
+  // kernels and sums; only a dependency moves). H200 (twentieth session, runs 120-121, batch 1, two processes
+  // each): context 259 6.99 -> 6.82-6.83 ms per step, 8,193 8.07-8.13 -> 7.68-7.70, 65,537 8.08-8.12 -> 7.91-7.98;
+  // batch 16 unchanged. Off: joined before w1/w3.
+  bool shared_join_at_w2 = true;
   // With overlap_branches the branch stream (the CSA indexer, the shared expert) has the device's greatest
   // stream priority, kept in the captured graphs: when SM slots free up, its blocks go first. From 8K context
   // the indexer branch (scores + top-k, ~20 us) runs beside the q GEMV, whose blocks fill every SM, and may join
-  // late. Same results, bit for bit. Off until an A/B at several contexts (nineteenth session, untested).
+  // late. The FFN's shared expert then runs on side2 (default priority) so that it does not take SM slots
+  // before the routed experts' w1/w3. Same results, bit for bit. Run 121, with the shared expert still on the
+  // prioritized stream: alone 6.91 ms at context 259, 7.87 at 8,193, 8.11 at 65,537 (default then: 6.99 / 8.07-8.13
+  // / 8.08-8.12), but with shared_join_at_w2 6.99 / 8.16-8.22 / 8.21-8.34, a loss. Off.
   bool branch_priority = false;
   // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
