@@ -10,6 +10,7 @@
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--branch-priority]
+//                     [--main-priority]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -25,7 +26,8 @@
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
 // --slots-on-main: GpuOptions::slots_on_branches off (the slot lists on the main stream after the joins).
 // --shared-join-before-moe: GpuOptions::shared_join_at_w2 off (the shared expert joined before the routed w1/w3).
-// --branch-priority: GpuOptions::branch_priority on (the branch stream at the greatest priority).
+// --branch-priority / --main-priority: GpuOptions::priority_stream kBranch / kMain (that stream at the greatest
+//   priority).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -140,7 +142,7 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
-  bool branch_priority = defaults.branch_priority;
+  gpu::GpuOptions::PriorityStream priority_stream = defaults.priority_stream;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
   for (int i = 1; i < argc; ++i) {
@@ -182,7 +184,8 @@ int main(int argc, char** argv) {
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--slots-on-main") slots_branches = false;
     else if (a == "--shared-join-before-moe") shared_join_w2 = false;
-    else if (a == "--branch-priority") branch_priority = true;
+    else if (a == "--branch-priority") priority_stream = gpu::GpuOptions::PriorityStream::kBranch;
+    else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
@@ -221,7 +224,7 @@ int main(int argc, char** argv) {
     o.kv_row_on_side = kv_side;
     o.slots_on_branches = slots_branches;
     o.shared_join_at_w2 = shared_join_w2;
-    o.branch_priority = branch_priority;
+    o.priority_stream = priority_stream;
     o.gemm_f32_linears = gemm_f32_linears;
     o.moe_prefill_f16 = moe_prefill_f16;
     o.indexer_fp8_q = indexer_fp8_q;

@@ -356,9 +356,9 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
     }
   };
   const bool par = L.has_shared && overlap(T);
-  // GpuOptions::branch_priority raises `side` for the indexer branch; the shared expert then takes side2 (default
-  // priority, idle in the FFN) so that its blocks do not go before the routed experts' w1/w3 on the main chain.
-  cudaStream_t sh_stream = opt.branch_priority ? side2 : side;
+  // GpuOptions::PriorityStream::kBranch raises `side` for the indexer branch; the shared expert then takes side2
+  // (default priority, idle in the FFN) so that its blocks do not go before the routed experts' w1/w3.
+  cudaStream_t sh_stream = opt.priority_stream == GpuOptions::PriorityStream::kBranch ? side2 : side;
   if (par) {
     hand_over(stream, sh_stream, ev_fork);
     OnSide on(*this, sh_stream, ws_side, s.xb_side);

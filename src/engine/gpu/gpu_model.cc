@@ -225,9 +225,9 @@ void GpuModel::Impl::launch_step(int T) {
     }
     cuda::check(cudaStreamEndCapture(stream, &g), "end decode-step capture");
     cudaGraphExec_t exec = nullptr;
-    // GpuOptions::branch_priority: captured kernel nodes carry their stream's priority, used only with this flag.
-    const cudaError_t err =
-        cudaGraphInstantiate(&exec, g, opt.branch_priority ? cudaGraphInstantiateFlagUseNodePriority : 0);
+    // GpuOptions::priority_stream: captured kernel nodes carry their stream's priority, used only with this flag.
+    const bool prio = opt.priority_stream != GpuOptions::PriorityStream::kNone;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
     cudaGraphDestroy(g);
     cuda::check(err, "instantiate decode-step graph");
     it = graphs.emplace(key, exec).first;
@@ -296,14 +296,18 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   Impl& im = *m->impl_;
   im.c = &m->cfg_;
   im.opt = opt;
-  cuda::check(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // GpuOptions::priority_stream: that stream at the device's greatest priority (numerically lowest), the others
+  // at the least (the default).
+  using Prio = GpuOptions::PriorityStream;
+  int least = 0, greatest = 0;
+  cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  const auto priority = [&](Prio p) { return opt.priority_stream == p ? greatest : least; };
+  cuda::check(cudaStreamCreateWithPriority(&im.stream, cudaStreamNonBlocking, priority(Prio::kMain)),
+              "cudaStreamCreate");
   if (opt.overlap_branches) {
-    // GpuOptions::branch_priority: the branch stream at the device's greatest priority (numerically lowest).
-    int least = 0, greatest = 0;
-    cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-    cuda::check(cudaStreamCreateWithPriority(&im.side, cudaStreamNonBlocking, opt.branch_priority ? greatest : least),
+    cuda::check(cudaStreamCreateWithPriority(&im.side, cudaStreamNonBlocking, priority(Prio::kBranch)),
                 "cudaStreamCreate (side)");
-    cuda::check(cudaStreamCreateWithFlags(&im.side2, cudaStreamNonBlocking), "cudaStreamCreate (side2)");
+    cuda::check(cudaStreamCreateWithPriority(&im.side2, cudaStreamNonBlocking, least), "cudaStreamCreate (side2)");
     for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
   }

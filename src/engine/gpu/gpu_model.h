@@ -77,14 +77,16 @@ struct GpuOptions {
   // each): context 259 6.99 -> 6.82-6.83 ms per step, 8,193 8.07-8.13 -> 7.68-7.70, 65,537 8.08-8.12 -> 7.91-7.98;
   // batch 16 unchanged. Off: joined before w1/w3.
   bool shared_join_at_w2 = true;
-  // With overlap_branches the branch stream (the CSA indexer, the shared expert) has the device's greatest
-  // stream priority, kept in the captured graphs: when SM slots free up, its blocks go first. From 8K context
-  // the indexer branch (scores + top-k, ~20 us) runs beside the q GEMV, whose blocks fill every SM, and may join
-  // late. The FFN's shared expert then runs on side2 (default priority) so that it does not take SM slots
-  // before the routed experts' w1/w3. Same results, bit for bit. Run 121, with the shared expert still on the
-  // prioritized stream: alone 6.91 ms at context 259, 7.87 at 8,193, 8.11 at 65,537 (default then: 6.99 / 8.07-8.13
-  // / 8.08-8.12), but with shared_join_at_w2 6.99 / 8.16-8.22 / 8.21-8.34, a loss. Off.
-  bool branch_priority = false;
+  // With overlap_branches, which stream has the device's greatest stream priority, kept in the captured graphs
+  // (node priorities): when SM slots free up, its pending blocks go first. Same results, bit for bit.
+  //  kBranch: the indexer branch (`side`); the FFN's shared expert then runs on side2 (default priority) so that
+  //    it does not take SM slots before the routed experts' w1/w3. Run 122 (two processes each, batch 1):
+  //    6.74-6.75 ms at context 259 (default 6.80-6.82), but 7.79-7.85 at 8,193 (7.70-7.74) and 8.21-8.24 at 65,537
+  //    (7.89-7.96): the indexer's blocks take slots that the one-wave q GEMV then waits for.
+  //  kMain: the main chain (`stream`); the branches fill the slots it leaves.
+  //  kNone: every stream at the default priority (the default).
+  enum class PriorityStream { kNone, kBranch, kMain };
+  PriorityStream priority_stream = PriorityStream::kNone;
   // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
   // bit. Off: on the main stream after the joins.
