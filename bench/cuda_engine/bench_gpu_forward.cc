@@ -9,7 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
-//                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--branch-priority]
+//                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
 //                     [--main-priority]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
@@ -26,8 +26,8 @@
 // --kv-row-on-main: GpuOptions::kv_row_on_side off (the window KV row's encode on the main stream).
 // --slots-on-main: GpuOptions::slots_on_branches off (the slot lists on the main stream after the joins).
 // --shared-join-before-moe: GpuOptions::shared_join_at_w2 off (the shared expert joined before the routed w1/w3).
-// --branch-priority / --main-priority: GpuOptions::priority_stream kBranch / kMain (that stream at the greatest
-//   priority).
+// --no-priority / --main-priority: GpuOptions::priority_stream kNone / kMain (every stream at the default priority /
+//   the main stream at the greatest; the default kBranch raises the indexer branch).
 // --wave-div N: the GEMV / MoE decode grids sized to 1/N of the resident slots (cudalin::set_decode_wave_div).
 // --moe-max-nt N: at most N n-tiles of 8 tokens per MoE decode expert pass (cudalin::set_moe_max_ntiles).
 // --hc-two-kernels: GpuOptions::hc_one_kernel off (one-token hc_pre / hc_head as two launches).
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     else if (a == "--kv-row-on-main") kv_side = false;
     else if (a == "--slots-on-main") slots_branches = false;
     else if (a == "--shared-join-before-moe") shared_join_w2 = false;
-    else if (a == "--branch-priority") priority_stream = gpu::GpuOptions::PriorityStream::kBranch;
+    else if (a == "--no-priority") priority_stream = gpu::GpuOptions::PriorityStream::kNone;
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;

@@ -9,8 +9,8 @@
 #      kernels up to 4 tokens, (WAVE_DIV_AB="2 4") with the decode grids at 1/N of a wave, (MOE_SPLIT_AB="1 2")
 #      at batch 4 / 16 / 64 with the MoE kernels chosen per expert load, (KV_SIDE_AB=1) with the window KV row
 #      encoded on the compressor's stream, (SLOTS_AB=1) with the slot
-#      lists on the main stream, (SHARED_JOIN_AB=1) with the shared expert joined before the routed w1/w3, (BRANCH_PRIO_AB=1) with
-#      the branch stream at the greatest priority,
+#      lists on the main stream, (SHARED_JOIN_AB=1) with the shared expert joined before the routed w1/w3, (PRIO_AB=1) with
+#      every stream at the default priority and with the main stream at the greatest,
 #      (PREFILL_AB="2048 8192") prefill of 8,192 tokens in those chunks: the default, --glue-f32-linears,
 #      --moe-prefill-bf16 and --moe-prefill-kernel 2;
 #   2. (unless NO_NCU=1) each kernel's own duration (Nsight Compute, gpu__time_duration, caches left as the previous kernel left
@@ -49,7 +49,8 @@ for d in ${WAVE_DIV_AB:-}; do ab "wave-div$d" "with --wave-div $d" --wave-div "$
 [ -n "${KV_MAIN_AB:-}" ] && ab kv-row-on-main "with the window KV row on the main stream (--kv-row-on-main)" --kv-row-on-main
 [ -n "${SLOTS_AB:-}" ] && ab slots-on-main "with the slot lists on the main stream (--slots-on-main)" --slots-on-main
 [ -n "${SHARED_JOIN_AB:-}" ] && ab shared-join-before-moe "with the shared expert joined before the routed w1/w3 (--shared-join-before-moe)" --shared-join-before-moe
-[ -n "${BRANCH_PRIO_AB:-}" ] && ab branch-priority "with the branch stream at the greatest priority (--branch-priority)" --branch-priority
+[ -n "${PRIO_AB:-}" ] && ab no-priority "with every stream at the default priority (--no-priority)" --no-priority
+[ -n "${PRIO_AB:-}" ] && ab main-priority "with the main stream at the greatest priority (--main-priority)" --main-priority
 [ -n "${HC_AB:-}" ] && ab hc-two-kernels "with hc_pre / hc_head as two launches (--hc-two-kernels)" --hc-two-kernels
 # PREFILL_AB="2048 8192": prefill of 8,192 tokens in chunks of each size, with the router's and weights_proj's
 # fp32 cuBLAS GEMMs (the default), with the glue linears (--glue-f32-linears), with the routed experts in bf16 (--moe-prefill-bf16) and on MoE

@@ -375,6 +375,7 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     two.overlap_branches = true;
     two.kv_row_on_side = false;  // the window KV row's encode on the main stream
     two.shared_join_at_w2 = false;  // the shared expert joined before the routed experts' w1/w3
+    two.priority_stream = gpu::GpuOptions::PriorityStream::kNone;  // every stream at the default priority
     one.cuda_graphs = two.cuda_graphs = graphs;
     const auto want = gpu(1, one, c, 40);
     expect_identical(graphs ? "selective model, kernels, fp8 KV, two streams vs one (graphs)"

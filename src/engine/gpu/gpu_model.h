@@ -79,14 +79,16 @@ struct GpuOptions {
   bool shared_join_at_w2 = true;
   // With overlap_branches, which stream has the device's greatest stream priority, kept in the captured graphs
   // (node priorities): when SM slots free up, its pending blocks go first. Same results, bit for bit.
-  //  kBranch: the indexer branch (`side`); the FFN's shared expert then runs on side2 (default priority) so that
-  //    it does not take SM slots before the routed experts' w1/w3. Run 122 (two processes each, batch 1):
-  //    6.74-6.75 ms at context 259 (default 6.80-6.82), but 7.79-7.85 at 8,193 (7.70-7.74) and 8.21-8.24 at 65,537
-  //    (7.89-7.96): the indexer's blocks take slots that the one-wave q GEMV then waits for.
-  //  kMain: the main chain (`stream`); the branches fill the slots it leaves.
-  //  kNone: every stream at the default priority (the default).
+  //  kBranch (the default): the indexer branch (`side`); the FFN's shared expert then runs on side2 (default
+  //    priority) so that it does not take SM slots before the routed experts' w1/w3. H200 runs 122-123, batch 1,
+  //    four processes each: context 259 6.73-6.75 ms per step against 6.80-6.83 with kNone; 8,193 7.77-8.00
+  //    against 7.70-8.00 and 65,537 7.98-8.24 against 7.89-8.25 (noise between processes); batch 16 28.58-28.59
+  //    against 28.67-28.74.
+  //  kMain: the main chain (`stream`); the branches fill the slots it leaves. Run 123: 6.97 ms at context 259, a
+  //    loss.
+  //  kNone: every stream at the default priority.
   enum class PriorityStream { kNone, kBranch, kMain };
-  PriorityStream priority_stream = PriorityStream::kNone;
+  PriorityStream priority_stream = PriorityStream::kBranch;
   // With overlap_branches the slot lists are built on the branch stream that is joined before the attention
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
   // bit. Off: on the main stream after the joins.
