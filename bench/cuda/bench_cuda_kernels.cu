@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   if (!attn_only && !indexer_only)
   for (const bool narrow : {false, true})
   for (int k : {512, 1024})
-    for (int len : {4096, 8192, 16384, 32768, 65536, 262144})
+    for (int len : {2048, 4096, 8192, 16384, 32768, 65536, 262144})
       for (int rows : {1, 8, 64, 512}) {
         if (quick && rows > 8) continue;
         if (narrow && (rows > 8 || k != 512 || len > 65536 || len == 8192 || len == 32768)) continue;
@@ -160,8 +160,9 @@ int main(int argc, char** argv) {
         fill_normal<<<1024, 256>>>(s, set_elems * sets, 1234u + len + rows);
         if (narrow) affine<<<1024, 256>>>(s, set_elems * sets, 0.01f, 10.f);
         int32_t* out = dalloc<int32_t>(size_t(rows) * k);
-        for (const char* kernel : {"default", "stream", "resident"}) {  // DSV4_TOPK_KERNEL
+        for (const char* kernel : {"default", "stream", "resident", "small"}) {  // DSV4_TOPK_KERNEL
           if (std::strcmp(kernel, "resident") == 0 && len > 65536) continue;  // streams either way
+          if (std::strcmp(kernel, "small") == 0 && len > 4096) continue;      // the default choice either way
           if (std::strcmp(kernel, "default") == 0) unsetenv("DSV4_TOPK_KERNEL");
           else setenv("DSV4_TOPK_KERNEL", kernel, 1);
           const double us = time_us([&](int i) {

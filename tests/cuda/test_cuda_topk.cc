@@ -23,8 +23,9 @@ struct Case {
 };
 
 // The kernels behind cuda::topk_rows for rows longer than k, selected per call by DSV4_TOPK_KERNEL ("resident"
-// applies to rows of at most 64K entries; longer ones take the streaming kernel either way).
-const char* const kKernels[] = {"stream", "resident"};
+// applies to rows of at most 64K entries, "small" to rows of at most 4096; other rows take the streaming kernel
+// or the default choice).
+const char* const kKernels[] = {"stream", "resident", "small"};
 // Sets DSV4_TOPK_KERNEL for its lifetime.
 struct KernelChoice {
   explicit KernelChoice(const char* k) { setenv("DSV4_TOPK_KERNEL", k, 1); }
@@ -218,11 +219,55 @@ TEST(CudaTopk, FewerEntriesThanK) {
     }
 }
 
+// Rows of at most 4096 entries (the decode step's indexer rows up to 16K context; the "small" kernel's range)
+// on every pattern above: random, ties, all equal, signed zeros, one fp16 bin, pivot digits shared by many
+// entries, keys whose top 8 bits are 0 (huge negative values), -inf / NaN, per-row lengths, odd strides,
+// ascending and descending rows, every length from k + 1 to 4096 around the kernels' steps.
+TEST(CudaTopk, SmallRows) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 9);
+  std::uniform_int_distribution<int> v8(0, 7);
+  std::uniform_real_distribution<float> in_bin(1.0f, 1.03125f), huge_neg(-3.4e38f, -1e37f);
+  for (int k : {512, 1024, 2048})
+    for (int cols : {k + 1, 1000, 2047, 2048, 2049, 3000, 4095, 4096}) {
+      if (cols <= k) continue;
+      const int rows = 12;
+      Case c = random_case(rng, rows, cols, k, cols + (cols % 2 ? 3 : 0));  // odd lengths: unaligned rows
+      c.name = "small";
+      for (int r = 1; r < rows; ++r) {
+        float* x = c.scores.data() + static_cast<int64_t>(r) * c.stride;
+        for (int i = 0; i < cols; ++i) {
+          switch (r) {
+            case 1: x[i] = static_cast<float>(v8(rng)); break;                  // thousands of ties
+            case 2: x[i] = 1.0f; break;                                          // all equal
+            case 3: x[i] = (i & 1) ? -0.0f : 0.0f; break;                        // -0 == +0
+            case 4: x[i] = i % 5 == 0 ? 1.015625f : in_bin(rng); break;          // one bin, exact ties
+            case 5: x[i] = huge_neg(rng); break;                                 // top digit 0 or 1
+            case 6: x[i] = i % 3 ? -INFINITY : huge_neg(rng); break;             // -inf, few valid
+            case 7: x[i] = i % 4 == 1 ? NAN : x[i]; break;                       // NaN sprinkled
+            case 8: x[i] = static_cast<float>(i); break;                         // ascending
+            case 9: x[i] = static_cast<float>(cols - i); break;                  // descending
+            case 10: x[i] = i < k / 2 ? 100.f + i : (i % 2 ? 1.0f : -1.0f); break;  // k-th key shared by half
+            default: break;                                                      // row 11: random, length
+          }
+        }
+      }
+      c.lengths.assign(rows, cols);
+      c.lengths[6] = cols - 1;
+      c.lengths[11] = std::uniform_int_distribution<int>(0, cols)(rng);
+      check_case(c);
+      c.name = "small-lengths";
+      const int lens[] = {0, 1, k - 1, k, k + 1, cols - 1, cols, 1 << 30, k + 7, cols / 2, 3, cols};
+      for (int r = 0; r < rows; ++r) c.lengths[r] = lens[r];
+      check_case(c);
+    }
+}
+
 // F7, for the kernel chosen by DSV4_TOPK_KERNEL: one captured graph replayed 100 times with new device-side
 // lengths (crossing k, the buffer and the streaming thresholds) and new scores; each replay must equal the CPU
 // reference (and so eager execution).
-void check_graph_replay(std::mt19937_64& rng) {
-  const int rows = 6, cols = 70000, k = 1024;
+void check_graph_replay(std::mt19937_64& rng, int cols = 70000) {
+  const int rows = 6, k = 1024;
   DeviceBuffer<float> d_scores(static_cast<size_t>(rows) * cols);
   DeviceBuffer<int32_t> d_len(rows), d_out(static_cast<size_t>(rows) * k), d_eager(static_cast<size_t>(rows) * k);
   cudaStream_t st;
@@ -238,10 +283,10 @@ void check_graph_replay(std::mt19937_64& rng) {
   for (int it = 0; it < 100; ++it) {
     Case c = random_case(rng, rows, cols, k);
     if (it % 3 == 0)  // every third replay: a row whose pivot bin overflows the shared buffer
-      for (int i = 0; i < 20000; ++i) c.scores[i] = in_bin(rng);
+      for (int i = 0; i < std::min(20000, cols); ++i) c.scores[i] = in_bin(rng);
     c.lengths.resize(rows);
     for (int r = 0; r < rows; ++r) c.lengths[r] = len(rng);
-    c.lengths[0] = std::max(c.lengths[0], 20000);
+    c.lengths[0] = std::max(c.lengths[0], std::min(20000, cols));
     c.lengths[1] = k - 1 + it % 3;
     d_scores.upload(c.scores);
     d_len.upload(c.lengths);
@@ -271,6 +316,8 @@ TEST(CudaTopk, GraphReplayWithChangingLengths) {
     const KernelChoice choice(kernel);
     check_graph_replay(rng);
   }
+  const KernelChoice choice("small");  // rows of 4096 entries (the small kernel's longest)
+  check_graph_replay(rng, 4096);
 }
 
 TEST(CudaTopk, UnsupportedShapeFailsLoudly) {

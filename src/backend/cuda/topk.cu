@@ -1,6 +1,8 @@
 // Exact top-k per row (reference: cpu::topk_row; design notes in docs/KERNELS.md "Exact top-k"): argument
 // checks and the choice among three kernels, all exact, all with the selection rule of topk_common.cuh:
 //   - rows no longer than k: topk_short_kernel below (every valid entry is selected: a compaction);
+//   - rows of at most 4096 entries, only where DSV4_TOPK_KERNEL=small asks for it (not yet measured on a device):
+//     topk_small.cu (one CTA per row, the row in registers, 8-bit radix digits);
 //   - few rows of 16K-64K entries: topk_resident.cu (a cluster of up to 8 CTAs per row, the row in registers);
 //   - everything else: topk_stream.cu (the row read once as a stream, candidates kept in shared memory).
 // The choice depends on the shapes only, so eager and graph launches agree.
@@ -78,6 +80,14 @@ bool use_resident(int64_t cols, int rows) {
   return long_rows && ctas <= 2 * static_cast<int64_t>(device_config().sm_count);
 }
 
+// topk_small.cu's kernel: only on request (DSV4_TOPK_KERNEL=small, read per call) until an engine A/B on the
+// H200 measures it against the streaming kernel on the decode step's rows of 2K-4K entries.
+bool use_small(int64_t cols) {
+  if (cols > kSmallCols) return false;
+  const char* e = std::getenv("DSV4_TOPK_KERNEL");
+  return e && std::strcmp(e, "small") == 0;
+}
+
 }  // namespace
 
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
@@ -95,7 +105,10 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
           "topk_short_kernel launch");
     return;
   }
-  if (use_resident(cols, rows))
+  if (use_small(cols))
+    check(launch_topk_small(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream),
+          "topk_small_kernel launch");
+  else if (use_resident(cols, rows))
     check(launch_topk_resident(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream),
           "topk_resident_kernel launch");
   else

@@ -24,6 +24,7 @@ constexpr int kBinsPerThread = kBins / kThreads; // 8
 constexpr int kBinShift = 21;                    // bin = key >> 21
 constexpr int kMaxCluster = 8;                   // the portable cluster size (sm_90, sm_12x)
 constexpr int kResidentTile = 8192;              // topk_resident: elements per CTA, held in registers
+constexpr int kSmallCols = 4096;                 // topk_small: the longest row (16 keys per thread)
 
 __device__ __forceinline__ uint32_t to_key(float x) {
   if (x != x || x == -INFINITY) return 0u;
@@ -62,6 +63,9 @@ __device__ __forceinline__ RowChunk row_chunk(const cg::cluster_group& cluster, 
 // Register-resident rows: cols <= kMaxCluster * kResidentTile.
 cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
                                  int rows, int k, int32_t* out, cudaStream_t stream);
+// One CTA per row, no cluster: cols <= kSmallCols.
+cudaError_t launch_topk_small(const float* scores, int64_t row_stride, int cols, const int32_t* lengths, int rows,
+                              int k, int32_t* out, cudaStream_t stream);
 // Any row length.
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
                                int rows, int k, int32_t* out, cudaStream_t stream);
