@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The indexer's top-k inside the engine's decode step (docs/NOTES.md "Top-k: what the next step needs": alone the
 # resident kernel is faster, in the decode step the streaming one). Builds and writes the V4-Flash-width checkpoint
-# as bench_flash.sh does, then for each kernel choice (default, DSV4_TOPK_KERNEL=stream, =resident):
+# as bench_flash.sh does, then for each kernel choice (default, DSV4_TOPK_KERNEL=stream, =resident, =small; small
+# applies to rows of <= 4096 entries, i.e. CTX <= 16385):
 #   - Nsight Compute on every top-k launch of a short bench_gpu_forward run (prefill CTX - 1 tokens in chunks of
 #     2048, then batch-1 decode at context CTX; two layers): the decode launches' durations on the engine's own
 #     score rows, serialized (no side-stream concurrency, no PDL overlap);
@@ -20,7 +21,7 @@ CK=${FLASH_DIR:-/tmp/dsv4-flash2}
 A=(--model "$CK" --batches 1 --prompt 256 --decode 4 --prefill $((CTX - 1)) --prefill-chunk 2048)
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2>/dev/null | head -1)
-for k in default stream resident; do
+for k in default stream resident small; do
   envk=()
   [ "$k" != default ] && envk=("DSV4_TOPK_KERNEL=$k")
   if [ -n "$NCU" ]; then
