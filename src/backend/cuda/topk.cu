@@ -33,8 +33,7 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ typename ScanInt::TempStorage scan;
   const int r = blockIdx.x, tid = threadIdx.x;
-  const float* row = scores + static_cast<int64_t>(r) * row_stride;
-  const int n = lengths ? max(0, min(lengths[r], cols)) : cols;
+  const auto [row, n] = cta_row(scores, row_stride, cols, lengths);
   const int b = tid * kShortPer;
   bool take[kShortPer];
   int cnt = 0;

@@ -35,6 +35,16 @@ __device__ __forceinline__ uint32_t to_key(float x) {
 
 using ScanInt = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
+// One CTA per row (topk_short_kernel, topk_small_kernel): row blockIdx.x and its valid length.
+struct CtaRow {
+  const float* row;
+  int n;
+};
+__device__ __forceinline__ CtaRow cta_row(const float* scores, int64_t row_stride, int cols, const int32_t* lengths) {
+  const int r = blockIdx.x;
+  return {scores + static_cast<int64_t>(r) * row_stride, lengths ? max(0, min(lengths[r], cols)) : cols};
+}
+
 // This CTA's share of its row: the grid is rows x C CTAs in clusters of C, CTA `rank` of a cluster owns elements
 // [cb, ce) of row r (chunks are multiples of 4 so that float4 loads stay aligned inside an aligned row).
 struct RowChunk {

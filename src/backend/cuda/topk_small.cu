@@ -32,8 +32,7 @@ __global__ void __launch_bounds__(kThreads) topk_small_kernel(const float* __res
   __shared__ uint32_t s_prefix;
   __shared__ int s_need, s_count;
   const int r = blockIdx.x, tid = threadIdx.x;
-  const float* row = scores + static_cast<int64_t>(r) * row_stride;
-  const int n = lengths ? max(0, min(lengths[r], cols)) : cols;
+  const auto [row, n] = cta_row(scores, row_stride, cols, lengths);
   const int b = tid * kSmallPer;
   uint32_t key[kSmallPer];
   int valid = 0;
