@@ -1,5 +1,5 @@
 // Exact top-k per row (reference: cpu::topk_row; design notes in docs/KERNELS.md "Exact top-k"): argument
-// checks and the choice among three kernels, all exact, all with the selection rule of topk_common.cuh:
+// checks and the choice among four kernels, all exact, all with the selection rule of topk_common.cuh:
 //   - rows no longer than k: topk_short_kernel below (every valid entry is selected: a compaction);
 //   - rows of at most 4096 entries, only where DSV4_TOPK_KERNEL=small asks for it (not yet measured on a device):
 //     topk_small.cu (one CTA per row, the row in registers, 8-bit radix digits);

@@ -104,22 +104,24 @@ __global__ void linear_bf16_kernel(const uint16_t* __restrict__ w, int64_t cols,
 // Few rows (router, weights_proj, compressor): one block per row, so there are 8x more warps in flight.
 // Warp w takes the contiguous chunk range [chunks*w/8, chunks*(w+1)/8); the 8 warp sums are added in warp
 // order through shared memory, so the result does not depend on scheduling (same bits every launch).
-// split_row_prefetch sends the (constant) weight row's 128-byte lines to L2 before the wait for the preceding
-// kernel; split_row_parts leaves warp w's sums of tokens x[0..nt) in part[w][.], visible to the block.
-__device__ __forceinline__ void split_row_prefetch(const uint16_t* row, int64_t cols) {
+__global__ void linear_bf16_split_kernel(const uint16_t* __restrict__ w, int64_t cols, int64_t row_begin,
+                                         const float* __restrict__ x, int64_t T, int64_t ldx,
+                                         float* __restrict__ y, int64_t ldy) {
+  __shared__ float part[kWarps][kTok];
+  const int64_t r = blockIdx.x;
+  // The weight row is constant: its 128-byte lines go to L2 before the wait for the preceding kernel.
   for (int64_t i = threadIdx.x; i < cols / 64; i += blockDim.x)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + i * 64));
-}
-__device__ __forceinline__ void split_row_parts(const uint16_t* __restrict__ row, int64_t cols,
-                                                const float* __restrict__ x, int64_t ldx, int nt,
-                                                float (&part)[kWarps][kTok]) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (row_begin + r) * cols + i * 64));
+  cuda::pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (row_begin + r) * cols);
   const int64_t chunks = cols / 256;
   float acc[kTok];
 #pragma unroll
   for (int j = 0; j < kTok; ++j) acc[j] = 0.0f;
-  bf16_chunk_dots(reinterpret_cast<const uint4*>(row), chunks * warp / kWarps, chunks * (warp + 1) / kWarps, x, ldx,
-                  nt, lane, acc);
+  bf16_chunk_dots(wr, chunks * warp / kWarps, chunks * (warp + 1) / kWarps, x + t0 * ldx, ldx, nt, lane, acc);
 #pragma unroll
   for (int j = 0; j < kTok; ++j) acc[j] = warp_sum(acc[j]);
   if (lane == 0) {
@@ -127,18 +129,6 @@ __device__ __forceinline__ void split_row_parts(const uint16_t* __restrict__ row
     for (int j = 0; j < kTok; ++j) part[warp][j] = acc[j];
   }
   __syncthreads();
-}
-
-__global__ void linear_bf16_split_kernel(const uint16_t* __restrict__ w, int64_t cols, int64_t row_begin,
-                                         const float* __restrict__ x, int64_t T, int64_t ldx,
-                                         float* __restrict__ y, int64_t ldy) {
-  __shared__ float part[kWarps][kTok];
-  const int64_t r = blockIdx.x;
-  split_row_prefetch(w + (row_begin + r) * cols, cols);
-  cuda::pdl::enter();  // PDL: every access to non-constant data after this (backend/cuda/pdl.cuh)
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
-  const int nt = static_cast<int>(T - t0 < kTok ? T - t0 : kTok);
-  split_row_parts(w + (row_begin + r) * cols, cols, x + t0 * ldx, ldx, nt, part);
   if (threadIdx.x < nt) {
     float s = 0.0f;
 #pragma unroll
@@ -188,24 +178,17 @@ __global__ void moe_down_kernel(const Expert* experts, int64_t hidden, int64_t i
 }
 }  // namespace
 
-namespace {
-// The BF16 streaming paths need cols % 256 == 0 and 16-byte aligned rows of x and w.
-bool bf16_streaming(const Weight& w, const float* x, int64_t ldx) {
-  return w.fmt == WFormat::kBF16 && w.cols % 256 == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
-}
-// Split K across a block's warps while one warp per row would give fewer than ~2 blocks per SM (rows < 16 *
-// SMs: 2112 rows on an H200); the LM head keeps the warp-per-row path.
-bool bf16_split_rows(int64_t rows) { return rows < int64_t{2} * kWarps * cuda::device_config().sm_count; }
-}  // namespace
-
 void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, int64_t T, int64_t ldx, float* y,
             int64_t ldy, cudaStream_t stream) {
   if (rows <= 0 || T <= 0) return;
   dim3 grid(blocks_for(rows, kWarps), blocks_for(T, kTok));
-  const bool streaming = bf16_streaming(w, x, ldx);
+  const bool streaming = w.fmt == WFormat::kBF16 && w.cols % 256 == 0 && ldx % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
+  // Split K across a block's warps while one warp per row would give fewer than ~2 blocks per SM
+  // (rows < 16 * SMs: 2112 rows on an H200); the LM head keeps the warp-per-row path.
+  const int64_t split_below = int64_t{2} * kWarps * cuda::device_config().sm_count;
   const auto* wb = reinterpret_cast<const uint16_t*>(w.w);
-  if (streaming && bf16_split_rows(rows))
+  if (streaming && rows < split_below)
     cuda::check(cuda::launch(linear_bf16_split_kernel, dim3(static_cast<unsigned>(rows), grid.y), dim3(kWarps * 32),
                              0, stream, wb, w.cols, row_begin, x, T, ldx, y, ldy),
                 "linear_bf16_split_kernel launch");
