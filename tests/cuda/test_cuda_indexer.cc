@@ -40,12 +40,13 @@ struct Case {
   bool exact_q = false;
   bool fp8_q = false;
   bool share_hint = false;  // IndexerArgs::queries_share_keys
+  float w_scale = 1.0f;     // IndexerArgs::w_scale
   std::string name() const {
     return "n_q=" + std::to_string(n_q) + " n_keys=" + std::to_string(n_keys) + (causal ? " causal" : "") +
            (fmt == IndexerKeyFormat::kMXFP4 ? " mxfp4" : " fp8") +
            (mode == Mode::kOffset ? " offsets" : mode == Mode::kPaged ? " paged/" + std::to_string(block_size) : "") +
            " rb=" + std::to_string(row_bytes) + (exact_q ? " exact_q" : "") + (fp8_q ? " fp8_q" : "") +
-           (share_hint ? " share_hint" : "");
+           (share_hint ? " share_hint" : "") + (w_scale != 1.0f ? " w_scale=" + std::to_string(w_scale) : "");
   }
 };
 
@@ -55,6 +56,7 @@ struct Problem {
   int64_t rb = 0, stride = 0, max_blocks = 0;
   std::vector<uint8_t> pool;       // key rows
   std::vector<float> q, w;
+  std::vector<float> w_ref;        // w * w_scale, rounded once in fp32 (what the reference multiplies by)
   std::vector<float> q8;           // fp8_q: q as the kernel quantizes it (e4m3 codes times 2^e), else q
   std::vector<int32_t> vis;
   std::vector<int64_t> offs;       // kOffset
@@ -75,6 +77,7 @@ struct Problem {
     a.q = dq->get(); a.w = dw->get(); a.keys = dk->get(); a.n_keys = cs.n_keys; a.row_bytes = rb;
     a.n_visible = dvis->get(); a.scores = dout->get(); a.score_stride = stride; a.n_queries = cs.n_q;
     a.format = cs.fmt; a.exact_q = cs.exact_q; a.fp8_q = cs.fp8_q; a.queries_share_keys = cs.share_hint;
+    a.w_scale = cs.w_scale;
     if (cs.mode == Mode::kOffset) a.key_offset = doffs->get();
     if (cs.mode == Mode::kPaged) {
       a.block_table = dtable->get(); a.max_blocks = static_cast<int>(max_blocks); a.block_size = cs.block_size;
@@ -141,6 +144,8 @@ void make_problem(Problem& p, const Case& cs, std::mt19937_64& rng) {
   p.w.resize(size_t(cs.n_q) * H);
   for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = nd(rng) * (i / Dk % 5 == 0 ? 1e-3f : 1.f);  // unequal heads
   for (float& v : p.w) v = nd(rng) * 0.01f;
+  p.w_ref = p.w;
+  for (float& v : p.w_ref) v *= cs.w_scale;
   if (cs.n_q > 2) {  // adversarial heads for the per-head q scale: all zero (amax floor 1e-4) and huge
     std::fill_n(p.q.begin() + size_t(1) * H * Dk + 7 * Dk, Dk, 0.f);
     for (int d = 0; d < Dk; ++d) p.q[size_t(2) * H * Dk + 9 * Dk + d] *= 3e4f;
@@ -184,7 +189,7 @@ void check_scores(const Problem& p, const std::string& label) {
     for (int64_t t = 0; t < vis; ++t)
       std::memcpy(rows.data() + t * p.rb, p.pool.data() + p.row_of(s, t) * p.rb, size_t(p.rb));
     const float* qs = p.q8.data() + size_t(s) * H * Dk;
-    const float* ws = p.w.data() + size_t(s) * H;
+    const float* ws = p.w_ref.data() + size_t(s) * H;
     if (fp4) cpu::indexer_scores_mxfp4(qs, ws, H, Dk, rows.data(), cs.n_keys, p.rb, vis, want.data());
     else cpu::indexer_scores_fp8(qs, ws, H, Dk, rows.data(), cs.n_keys, p.rb, vis, want.data());
     double max_abs = 0, q1 = 0;
@@ -331,6 +336,24 @@ TEST(CudaIndexer, ExactQKernel) {
   run_case({.n_q = 64, .n_keys = 4096, .causal = true, .exact_q = true}, seed + 1);
   run_case({.n_q = 4, .n_keys = 3000, .causal = true, .mode = Mode::kPaged, .block_size = 32, .exact_q = true}, seed + 2);
   run_case({.n_q = 4, .n_keys = 3000, .causal = true, .mode = Mode::kOffset, .exact_q = true}, seed + 3);
+}
+
+// IndexerArgs::w_scale on every kernel path (the engine passes 1/sqrt(64) instead of a scaling launch): a power
+// of two and a scale that rounds, against the reference over the once-rounded products.
+TEST(CudaIndexer, HeadWeightScale) {
+  DSV4_REQUIRE_GPU();
+  const uint64_t seed = cuda_test::test_seed() + 90;
+  int i = 0;
+  for (float sc : {0.125f, 1.0f / std::sqrt(48.0f)}) {
+    run_case({.n_q = 1, .n_keys = 30000, .w_scale = sc}, seed + i++);
+    run_case({.n_q = 64, .n_keys = 2049, .causal = true, .w_scale = sc}, seed + i++);
+    run_case({.n_q = 5, .n_keys = 999, .causal = true, .fmt = IndexerKeyFormat::kMXFP4, .w_scale = sc}, seed + i++);
+    run_case({.n_q = 4, .n_keys = 3000, .causal = true, .exact_q = true, .w_scale = sc}, seed + i++);
+    if (cuda::indexer_fp8_q_supported()) {
+      run_case({.n_q = 1, .n_keys = 30000, .fp8_q = true, .w_scale = sc}, seed + i++);
+      run_case({.n_q = 64, .n_keys = 2049, .causal = true, .fp8_q = true, .w_scale = sc}, seed + i++);
+    }
+  }
 }
 
 // One captured launch (paged, 4 sequences), replayed with new n_visible (and block tables) written on the device.

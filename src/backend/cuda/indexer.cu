@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) wv[nt][e] = a.w[static_cast<int64_t>(s) * kH + warp * kHeadsPerWarp + nt * 8 + 2 * c + e];
+    for (int e = 0; e < 2; ++e) wv[nt][e] = a.w[static_cast<int64_t>(s) * kH + warp * kHeadsPerWarp + nt * 8 + 2 * c + e] * a.w_scale;
 
   const int64_t n_vis = a.n_visible ? min(static_cast<int64_t>(a.n_visible[s]), a.n_keys) : a.n_keys;
   float* out = a.scores + static_cast<int64_t>(s) * a.score_stride;
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
       *reinterpret_cast<__half2*>(dst + 16 * ks + 2 * cc) = __floats2half2_rn(ldexpf(v.x, e), ldexpf(v.y, e));
       *reinterpret_cast<__half2*>(dst + 16 * ks + 8 + 2 * cc) = __floats2half2_rn(ldexpf(v.z, e), ldexpf(v.w, e));
     }
-    if (half == 0) wq[h] = ldexpf(a.w[static_cast<int64_t>(s) * kH + h], -e);
+    if (half == 0) wq[h] = ldexpf(a.w[static_cast<int64_t>(s) * kH + h] * a.w_scale, -e);
   }
   __syncthreads();
 

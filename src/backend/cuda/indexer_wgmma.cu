@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
           }
           *reinterpret_cast<uint4*>(smem + r * 128 + ((((kF4 / 4) * part + j) ^ (r & 7)) << 4)) = codes;
         }
-        if (part == 0) ws[r] = valid ? ldexpf(__ldg(a.w + static_cast<int64_t>(s0 + qi) * kH + h), e) : 0.f;
+        if (part == 0) ws[r] = valid ? ldexpf(__ldg(a.w + static_cast<int64_t>(s0 + qi) * kH + h) * a.w_scale, e) : 0.f;
       }
       wgmma::fence_proxy_async();
       __syncthreads();

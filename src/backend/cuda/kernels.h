@@ -102,7 +102,10 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 enum class IndexerKeyFormat { kFP8, kMXFP4 };
 struct IndexerArgs {
   const float* q = nullptr;   // [n_queries, 64, 128], 16-byte aligned
-  const float* w = nullptr;   // [n_queries, 64] head weights (already scaled)
+  const float* w = nullptr;   // [n_queries, 64] head weights
+  // Multiplies each head weight as it is loaded (fp32, one rounding: the engine's 1/sqrt(heads), the same
+  // product as the CPU path's iw *= ws, so no scaling launch of its own).
+  float w_scale = 1.0f;
   const uint8_t* keys = nullptr;
   int64_t n_keys = 0;         // columns of `scores` (the largest key count of any query)
   int64_t row_bytes = 136;

@@ -1,8 +1,7 @@
 // Exact top-k per row (reference: cpu::topk_row; design notes in docs/KERNELS.md "Exact top-k"): argument
 // checks and the choice among four kernels, all exact, all with the selection rule of topk_common.cuh:
 //   - rows no longer than k: topk_short_kernel below (every valid entry is selected: a compaction);
-//   - rows of at most 4096 entries, only where DSV4_TOPK_KERNEL=small asks for it (not yet measured on a device):
-//     topk_small.cu (one CTA per row, the row in registers, 8-bit radix digits);
+//   - rows of at most 4096 entries: topk_small.cu (one CTA per row, the row in registers, 8-bit radix digits);
 //   - few rows of 16K-64K entries: topk_resident.cu (a cluster of up to 8 CTAs per row, the row in registers);
 //   - everything else: topk_stream.cu (the row read once as a stream, candidates kept in shared memory).
 // The choice depends on the shapes only, so eager and graph launches agree.
@@ -79,12 +78,15 @@ bool use_resident(int64_t cols, int rows) {
   return long_rows && ctas <= 2 * static_cast<int64_t>(device_config().sm_count);
 }
 
-// topk_small.cu's kernel: only on request (DSV4_TOPK_KERNEL=small, read per call) until an engine A/B on the
-// H200 measures it against the streaming kernel on the decode step's rows of 2K-4K entries.
+// topk_small.cu's kernel for every row of k < cols <= 4096 entries (the decode step's indexer row at contexts up
+// to 16K, and prefill chunks' rows there). Measured on the H200 (run 125, bench_cuda_kernels --topk, k = 512):
+// 7.0-7.2 us for 1-8 rows of 2K-4K entries against 9.1-12.6 streamed and 10.3-13.7 resident; the engine's
+// prefill at 8K-16K moved by less than its noise (7,832-7,860 against 7,798-7,828 tok/s at 8K).
+// DSV4_TOPK_KERNEL=stream / resident forces those (read per call), =small keeps this choice.
 bool use_small(int64_t cols) {
   if (cols > kSmallCols) return false;
   const char* e = std::getenv("DSV4_TOPK_KERNEL");
-  return e && std::strcmp(e, "small") == 0;
+  return !(e && (std::strcmp(e, "stream") == 0 || std::strcmp(e, "resident") == 0));
 }
 
 }  // namespace

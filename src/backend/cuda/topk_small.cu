@@ -7,7 +7,7 @@
 // Why: in decode the CSA indexer's row has context / 4 entries, 2K-4K at 8K-16K context. The streaming kernel
 // serves such a row with one CTA too, but with 11/11/10-bit rounds over 2048-bin histograms and a candidate
 // buffer built for rows of any length (9.5-13 us in the engine, run 81, against a launch floor of ~3.5 us).
-// Off by default until measured: DSV4_TOPK_KERNEL=small selects it where it applies (topk.cu).
+// The default for such rows since run 125 (topk.cu, use_small).
 // The selection logic's CPU model: tools/check/topk_small_model.py.
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/topk_common.cuh"

@@ -149,10 +149,11 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   auto index_from_x = [&]() {
     compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
              meta.dev(StepMeta::kKeyFirst), 0, Id);
-    linear_f32(L.index_weights_proj.g, s.iwp_f32, T, s.iw);
-    glue::scale(s.iw, static_cast<int64_t>(T) * IH, 1.0f / std::sqrt(static_cast<float>(IH)), stream);
+    linear_f32(L.index_weights_proj.g, s.iwp_f32, T, s.iw);  // scaled by w_scale in the scores kernel
     mark(li, "index.compress");
   };
+  // The head weights' 1/sqrt(heads), applied as the scores kernels load them (the CPU path's iw *= ws).
+  const float index_w_scale = 1.0f / std::sqrt(static_cast<float>(IH));
   auto index_from_q = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
     glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
@@ -164,6 +165,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
       cuda::IndexerArgs ia;
       ia.q = s.iq;
       ia.w = s.iw;
+      ia.w_scale = index_w_scale;
       ia.keys = P.index_keys;
       ia.n_keys = n_cols;
       ia.row_bytes = static_cast<int64_t>(st->index_row_bytes);
@@ -177,7 +179,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
       ia.queries_share_keys = meta.max_count > 1;  // a prefill chunk: runs of one sequence's tokens
       cuda::indexer_scores_fp8(ia, stream);
     } else {
-      glue::indexer_scores(s.iq, s.iw, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
+      glue::indexer_scores(s.iq, s.iw, index_w_scale, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
                            st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
     }
     mark(li, "index.scores");

@@ -1,5 +1,5 @@
 // Indexer scores over f32/bf16/fp8 keys with a per-query key base, slot lists for the sparse attention
-// kernel, visible-entry counts and a scalar scale.
+// kernel and visible-entry counts.
 #include <cmath>
 
 #include "backend/cuda/pdl.cuh"
@@ -17,11 +17,11 @@ __device__ __forceinline__ float key_at(const uint8_t* row, int fmt, int d, int 
   return e4m3_to_f32(row[i]) * e8m0_to_f32(row[d]);
 }
 
-// One warp per (query, key): sum over heads of w[h] * ReLU(q[h] . k) * d^-0.5 (cpu::indexer_scores order of
-// the head sum).
-__global__ void indexer_kernel(const float* q, const float* w, int H, int d, const uint8_t* pool, int64_t row_bytes,
-                               int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores,
-                               int64_t n_cols) {
+// One warp per (query, key): sum over heads of (w[h] * w_scale) * ReLU(q[h] . k) * d^-0.5 (cpu::indexer_scores
+// order of the head sum, the weight scaled first as the CPU engine's iw *= ws).
+__global__ void indexer_kernel(const float* q, const float* w, float w_scale, int H, int d, const uint8_t* pool,
+                               int64_t row_bytes, int fmt, const int64_t* key_base, const int32_t* n_visible,
+                               float* scores, int64_t n_cols) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   const int t = blockIdx.y;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kKeyWarps + threadIdx.x / 32;
@@ -40,7 +40,8 @@ __global__ void indexer_kernel(const float* q, const float* w, int H, int d, con
     float qk = 0.0f;
     for (int i = lane; i < d; i += 32) qk += qt[h * d + i] * key_at(row, fmt, d, i);
     qk = warp_sum(qk);
-    s += (qk > 0.0f ? qk : 0.0f) * softmax_scale * w[static_cast<int64_t>(t) * H + h];
+    const float wh = w[static_cast<int64_t>(t) * H + h] * w_scale;
+    s += (qk > 0.0f ? qk : 0.0f) * softmax_scale * wh;
   }
   if (lane == 0) *out = s;
 }
@@ -74,19 +75,14 @@ __global__ void visible_kernel(int T, const int64_t* pos, int ratio, int32_t* ou
   if (t < T) out[t] = static_cast<int32_t>((pos[t] + 1) / ratio);
 }
 
-__global__ void scale_kernel(float* x, int64_t n, float s) {
-  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] *= s;
-}
 }  // namespace
 
-void indexer_scores(const float* q, const float* w, int T, int H, int d, const uint8_t* pool, int64_t row_bytes,
-                    int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores, int64_t n_cols,
-                    cudaStream_t stream) {
+void indexer_scores(const float* q, const float* w, float w_scale, int T, int H, int d, const uint8_t* pool,
+                    int64_t row_bytes, int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores,
+                    int64_t n_cols, cudaStream_t stream) {
   if (T <= 0 || n_cols <= 0) return;
   cuda::check(cuda::launch(indexer_kernel, dim3(blocks_for(n_cols, kKeyWarps), T), dim3(kKeyWarps * 32), 0, stream, 
-      q, w, H, d, pool, row_bytes, fmt, key_base, n_visible, scores, n_cols), "indexer_kernel launch");
+      q, w, w_scale, H, d, pool, row_bytes, fmt, key_base, n_visible, scores, n_cols), "indexer_kernel launch");
 }
 
 void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
@@ -98,11 +94,6 @@ void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int
 void visible_counts(int T, const int64_t* pos, int ratio, int32_t* out, cudaStream_t stream) {
   if (T <= 0) return;
   cuda::check(cuda::launch(visible_kernel, dim3(blocks_for(T, 128)), dim3(128), 0, stream, T, pos, ratio, out), "visible_kernel launch");
-}
-
-void scale(float* x, int64_t n, float s, cudaStream_t stream) {
-  if (n <= 0) return;
-  cuda::check(cuda::launch(scale_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, stream, x, n, s), "scale_kernel launch");
 }
 
 }  // namespace dsv4::glue

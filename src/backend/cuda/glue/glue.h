@@ -73,10 +73,10 @@ void rmsnorm_rope_encode(const float* x, int64_t ldx, const float* w, int T, int
 
 // cpu::indexer_scores against keys stored as f32 (fmt 0), bf16 (1) or fp8 (2, KvCodec(kFP8, d, 0, d)).
 // Query t reads keys rows key_base[t] + j of `pool`, j < n_visible[t]; scores[t, j] for j < n_cols, -inf
-// past n_visible. q [T, H, d], w [T, H] (already scaled).
-void indexer_scores(const float* q, const float* w, int T, int H, int d, const uint8_t* pool, int64_t row_bytes,
-                    int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores, int64_t n_cols,
-                    cudaStream_t stream);
+// past n_visible. q [T, H, d], w [T, H], each weight multiplied by w_scale as it is loaded.
+void indexer_scores(const float* q, const float* w, float w_scale, int T, int H, int d, const uint8_t* pool,
+                    int64_t row_bytes, int fmt, const int64_t* key_base, const int32_t* n_visible, float* scores,
+                    int64_t n_cols, cudaStream_t stream);
 
 // Slot lists for cuda::sparse_attention, in the CPU's key order (attention.cc): slots [T, n_slots] int32.
 //   j < window: the window rows max(0, p-W+1) .. p -> base[t] + wp % ring, then -1;
@@ -88,9 +88,6 @@ void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int
 
 // n_visible[t] = (pos[t] + 1) / ratio.
 void visible_counts(int T, const int64_t* pos, int ratio, int32_t* out, cudaStream_t stream);
-
-// x[i] *= s for i < n.
-void scale(float* x, int64_t n, float s, cudaStream_t stream);
 
 // cpu::moe_route on precomputed router logits [T, E]. score_func: 0 sqrtsoftplus, 1 sigmoid, 2 softmax.
 // Hash layers pass tid2eid [vocab, K] (bias ignored), others the selection bias [E].
