@@ -379,8 +379,11 @@ int main(int argc, char** argv) {
         std::printf("prefill %d tokens extrapolated to %d layers: %.0f tok/s\n", n, full_layers,
                     tps * L / full_layers);
       // Where a prefill chunk's time goes: the last chunk of a 4-chunk prompt, summed over the layers per
-      // operation name (eager, events between operations).
-      if (prefill_chunk > 64) {
+      // operation name (eager, events between operations); needs the prefill rows' max_model_len (--prefill).
+      if (prefill_chunk > 64 && 4 * prefill_chunk + 1 > o.max_model_len) {
+        std::printf("\nprefill chunk profile skipped: 4 chunks of %d exceed max_model_len %lld (set by --prompt and "
+                    "--prefill)\n", prefill_chunk, static_cast<long long>(o.max_model_len));
+      } else if (prefill_chunk > 64) {
         seq.reset();  // the profile model has one sequence slot
         auto ps = pm->new_sequence();
         std::vector<gpu::GpuSeqChunk> pb(1);
