@@ -10,7 +10,7 @@
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
-//                     [--main-priority]
+//                     [--main-priority] [--timeline]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -36,6 +36,8 @@
 // --indexer-fp8-q: GpuOptions::indexer_fp8_q on (the CSA indexer's q in e4m3 on FP8 tensor cores; sm_90).
 // --moe-prefill-bf16: GpuOptions::moe_prefill_f16 off (steps of > 64 tokens run the routed experts in bf16).
 // --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
+// --timeline: GpuOptions::branch_timeline (timing events at each attention join in the graphs): after the batch-1
+//   and the prefill rows, how long the main stream waited for the indexer's and the compressor's streams.
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
 //   tokens (default 1): off, w2, w13 or all (the default).
 #include <cuda_runtime.h>
@@ -46,6 +48,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -133,6 +136,37 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// --timeline (GpuModel::branch_timeline): in the last decode step, by how many microseconds each branch stream
+// finished after the main stream reached the attention's join (> 0: the main stream waited), mean [min, max]
+// over the CSA and the HCA layers.
+void print_timeline(const gpu::GpuModel& m, int context) {
+  const auto t = m.branch_timeline();
+  if (t.empty()) return;
+  struct Acc {
+    double sum = 0, lo = 1e30, hi = -1e30;
+    int n = 0;
+    void add(float v) {
+      if (!std::isfinite(v)) return;
+      sum += v, lo = std::min<double>(lo, v), hi = std::max<double>(hi, v), ++n;
+    }
+    std::string str() const {
+      if (n == 0) return "-";
+      char b[64];
+      std::snprintf(b, sizeof(b), "%.1f [%.1f, %.1f]", sum / n, lo, hi);
+      return b;
+    }
+  };
+  Acc csa_index, csa_comp, hca_comp;
+  for (size_t li = 0; li < t.size(); ++li) {
+    const AttnKind k = m.config().attn_kind(static_cast<int>(li));
+    if (k == AttnKind::kCSA) csa_index.add(t[li].indexer_us), csa_comp.add(t[li].compressor_us);
+    if (k == AttnKind::kHCA) hca_comp.add(t[li].compressor_us);
+  }
+  std::printf("branch timeline, context %d, us after the main stream reached the attention join (> 0: it waited): "
+              "CSA indexer %s, CSA compressor %s, HCA compressor %s\n", context, csa_index.str().c_str(),
+              csa_comp.str().c_str(), hca_comp.str().c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,6 +176,7 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
+  bool timeline = false;
   gpu::GpuOptions::PriorityStream priority_stream = defaults.priority_stream;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
@@ -186,6 +221,7 @@ int main(int argc, char** argv) {
     else if (a == "--shared-join-before-moe") shared_join_w2 = false;
     else if (a == "--no-priority") priority_stream = gpu::GpuOptions::PriorityStream::kNone;
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
+    else if (a == "--timeline") timeline = true;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
@@ -228,6 +264,7 @@ int main(int argc, char** argv) {
     o.gemm_f32_linears = gemm_f32_linears;
     o.moe_prefill_f16 = moe_prefill_f16;
     o.indexer_fp8_q = indexer_fp8_q;
+    o.branch_timeline = timeline;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();
@@ -270,6 +307,7 @@ int main(int argc, char** argv) {
       std::printf("| %d | %d | %.3f | %.1f | | |\n", B, prompt + 3, ms, B * 1e3 / ms);
       std::fprintf(stderr, "\nbatch %d done\n", B);
       if (B == 1) step_ms_b1 = ms;
+      if (B == 1) print_timeline(*m, prompt + 2 + decode);
       std::fflush(stdout);
     }
     // Prefill from an empty sequence (token by token through the decode graphs, or chunks of prefill_chunk),
@@ -303,6 +341,7 @@ int main(int argc, char** argv) {
       }
       const double ms = 1e3 * (now_s() - t1) / decode;
       std::printf("| 1 | %d | %.3f | %.1f | | |\n", prefill + 3, ms, 1e3 / ms);
+      print_timeline(*m, prefill + 2 + decode);
       std::printf("prefill %d tokens, %s, %d layers: %.2f s = %.0f tok/s\n", prefill,
                   prefill_chunk > 1 ? ("chunks of " + std::to_string(prefill_chunk)).c_str()
                                     : "token by token with graphs", L, sec, prefill / sec);

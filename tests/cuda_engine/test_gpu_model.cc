@@ -364,8 +364,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 // GpuOptions::overlap_branches (the CSA indexer and the shared expert on a second stream, forked and joined
 // by events, also inside the captured graphs) computes exactly what one stream does; so do the window KV row
 // on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches), the shared
-// expert joined only before the routed experts' w2 (shared_join_at_w2) and the branch or the main stream at the
-// greatest priority (priority_stream).
+// expert joined only before the routed experts' w2 (shared_join_at_w2), the branch or the main stream at the
+// greatest priority (priority_stream), and with the timing events of branch_timeline.
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -402,6 +402,11 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     two.priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     expect_identical(graphs ? "selective model, kernels, fp8 KV, main stream prioritized, vs one stream (graphs)"
                             : "selective model, kernels, fp8 KV, main stream prioritized, vs one stream (eager)",
+                     gpu(1, two, c, 40), want);
+    two.priority_stream = gpu::GpuOptions::PriorityStream::kBranch;
+    two.branch_timeline = true;  // timing events at the joins (external event nodes in the graphs)
+    expect_identical(graphs ? "selective model, kernels, fp8 KV, branch timeline events, vs one stream (graphs)"
+                            : "selective model, kernels, fp8 KV, branch timeline events, vs one stream (eager)",
                      gpu(1, two, c, 40), want);
   }
 }

@@ -137,6 +137,12 @@ struct GpuModel::Impl {
   // profile_layers: an event per mark(name) of the step, in order; prof_n of them used by the last step.
   std::vector<std::pair<std::string, cudaEvent_t>> prof;
   size_t prof_n = 0;
+  // branch_timeline: per layer kTimelinePoints timing events (main at the join, indexer done, compressor done)
+  // and whether each was recorded (by a capture or an eager step; a replay records the same ones again).
+  enum TimelinePoint { kMainAtJoin, kIndexerDone, kCompressorDone, kTimelinePoints };
+  std::vector<cudaEvent_t> timeline;
+  std::vector<uint8_t> timeline_set;
+  void timeline_record(int layer, TimelinePoint point, cudaStream_t on);
   // Whether a step of T tokens forks branches onto `side` (decode steps; not when profiling, whose events
   // time one stream; not above 64 tokens, whose cuBLAS calls share one handle and one dequant buffer).
   bool overlap(int T) const { return opt.overlap_branches && T <= 64 && !opt.profile_layers; }

@@ -275,8 +275,15 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     index_from_x();
     index_from_q(qrb);
   }
-  if (par) hand_over(side, stream, ev_join);
-  if (par_comp) hand_over(side2, stream, ev_join2);
+  if (par || par_comp) timeline_record(li, kMainAtJoin, stream);  // branch_timeline only
+  if (par) {
+    timeline_record(li, kIndexerDone, side);
+    hand_over(side, stream, ev_join);
+  }
+  if (par_comp) {
+    timeline_record(li, kCompressorDone, side2);
+    hand_over(side2, stream, ev_join2);
+  }
 
   // Slot lists (unless a branch built them), sparse attention with sinks, inverse RoPE.
   if (!slots_built) slot_lists();

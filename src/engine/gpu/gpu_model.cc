@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -25,6 +26,7 @@ GpuModel::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
   for (auto& g : graphs) cudaGraphExecDestroy(g.second);
   for (auto& e : prof) cudaEventDestroy(e.second);
+  for (cudaEvent_t e : timeline) cudaEventDestroy(e);
   if (side) cudaStreamSynchronize(side);
   if (side2) cudaStreamSynchronize(side2);
   cudalin::workspace_destroy(ws);
@@ -310,6 +312,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
     cuda::check(cudaStreamCreateWithPriority(&im.side2, cudaStreamNonBlocking, least), "cudaStreamCreate (side2)");
     for (cudaEvent_t* e : {&im.ev_fork, &im.ev_mid, &im.ev_join, &im.ev_fork2, &im.ev_join2, &im.ev_kv})
       cuda::check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate (branches)");
+    if (opt.branch_timeline) {
+      im.timeline.resize(static_cast<size_t>(c.num_hidden_layers) * opt.repeat_layers * Impl::kTimelinePoints);
+      for (cudaEvent_t& e : im.timeline) cuda::check(cudaEventCreate(&e), "cudaEventCreate (timeline)");
+      im.timeline_set.assign(im.timeline.size(), 0);
+    }
   }
   im.w.upload(m->host_->weights(), c, opt.progress);
   if (opt.repeat_layers > 1) {  // copies of the layer views, same device memory
@@ -351,6 +358,37 @@ void GpuModel::Impl::mark(const std::string& name) {
   prof[prof_n].first = name;
   cuda::check(cudaEventRecord(prof[prof_n].second, stream), "profile event");
   ++prof_n;
+}
+
+void GpuModel::Impl::timeline_record(int layer, TimelinePoint point, cudaStream_t on) {
+  const size_t i = static_cast<size_t>(layer) * kTimelinePoints + point;
+  if (i >= timeline.size()) return;  // none, or an MTP layer (the timeline covers the main layers)
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cuda::check(cudaStreamIsCapturing(on, &cs), "timeline capture status");
+  // While capturing, an external event node (records at replay); a plain record would only be a graph edge.
+  const unsigned flags = cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault;
+  cuda::check(cudaEventRecordWithFlags(timeline[i], on, flags), "timeline event");
+  timeline_set[i] = 1;
+}
+
+std::vector<GpuModel::BranchTiming> GpuModel::branch_timeline() const {
+  const Impl& im = *impl_;
+  std::vector<BranchTiming> out;
+  if (im.timeline.empty()) return out;
+  cuda::check(cudaStreamSynchronize(im.stream), "timeline");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const size_t n = im.timeline.size() / Impl::kTimelinePoints;
+  for (size_t li = 0; li < n; ++li) {
+    const size_t b = li * Impl::kTimelinePoints;
+    const auto after_main = [&](int point) {
+      if (!im.timeline_set[b + Impl::kMainAtJoin] || !im.timeline_set[b + point]) return nan;
+      float ms = 0;
+      cuda::check(cudaEventElapsedTime(&ms, im.timeline[b + Impl::kMainAtJoin], im.timeline[b + point]), "timeline");
+      return 1e3f * ms;
+    };
+    out.push_back({after_main(Impl::kIndexerDone), after_main(Impl::kCompressorDone)});
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, double>> GpuModel::step_profile_ms() const {

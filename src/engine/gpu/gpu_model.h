@@ -105,6 +105,11 @@ struct GpuOptions {
   // expert scales allow it (DevLayer::experts_fit_f16); its weight conversion takes half the instructions of
   // the bf16 one. Off: cudalin::moe_prefill on the bf16 copy of x.
   bool moe_prefill_f16 = true;
+  // Benchmarks: timing events at each layer's attention join, recorded inside the captured decode graphs as
+  // external event nodes (branch_timeline() reads them): when the main stream reached the join, and when the
+  // indexer's and the compressor's streams finished. Each node on the main stream can cost it the PDL overlap
+  // with the next kernel (compare the step time with it off). Off: none.
+  bool branch_timeline = false;
 };
 
 struct SlotPool;
@@ -159,6 +164,14 @@ class GpuModel {
   // With profile_layers: (operation, milliseconds) of the last step, in launch order. Names are
   // "embed", "L<i>.<op>" for layer i, "head".
   std::vector<std::pair<std::string, double>> step_profile_ms() const;
+
+  // With branch_timeline, per layer of the last decode step that overlapped its branches: microseconds by which
+  // the indexer's stream (CSA layers) and the compressor's stream finished after the main stream reached the
+  // attention's join (negative: before it, i.e. hidden). NaN where the layer has no such branch.
+  struct BranchTiming {
+    float indexer_us, compressor_us;
+  };
+  std::vector<BranchTiming> branch_timeline() const;
 
   struct Impl;
 
