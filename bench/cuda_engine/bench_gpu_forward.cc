@@ -10,7 +10,7 @@
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
-//                     [--main-priority] [--timeline]
+//                     [--main-priority] [--timeline] [--topk-index-list]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
@@ -36,6 +36,8 @@
 // --indexer-fp8-q: GpuOptions::indexer_fp8_q on (the CSA indexer's q in e4m3 on FP8 tensor cores; sm_90).
 // --moe-prefill-bf16: GpuOptions::moe_prefill_f16 off (steps of > 64 tokens run the routed experts in bf16).
 // --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
+// --topk-index-list: GpuOptions::topk_writes_slots off (the top-k writes its index list, the slot-list kernel maps
+//   it after the top-k on the indexer's stream).
 // --timeline: GpuOptions::branch_timeline (timing events at each attention join in the graphs): after the batch-1
 //   and the prefill rows, how long the main stream waited for the indexer's and the compressor's streams.
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
@@ -176,7 +178,7 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
-  bool timeline = false;
+  bool timeline = false, topk_slots = defaults.topk_writes_slots;
   gpu::GpuOptions::PriorityStream priority_stream = defaults.priority_stream;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
@@ -222,6 +224,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-priority") priority_stream = gpu::GpuOptions::PriorityStream::kNone;
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--timeline") timeline = true;
+    else if (a == "--topk-index-list") topk_slots = false;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
@@ -265,6 +268,7 @@ int main(int argc, char** argv) {
     o.moe_prefill_f16 = moe_prefill_f16;
     o.indexer_fp8_q = indexer_fp8_q;
     o.branch_timeline = timeline;
+    o.topk_writes_slots = topk_slots;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

@@ -32,7 +32,9 @@ struct KernelChoice {
   ~KernelChoice() { unsetenv("DSV4_TOPK_KERNEL"); }
 };
 
-// Runs every kernel on `c` (output poisoned first) and compares every row with the CPU reference.
+// Runs every kernel on `c` (output poisoned first) and compares every row with the CPU reference; then once more
+// through a cuda::TopkOutput placement (an odd row stride with a gap, a constant and a per-row shift, as the
+// engine's slot lists use it): every shifted entry must match and the gaps must keep their poison.
 void check_case(const Case& c) {
   SCOPED_TRACE(c.name + " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols) +
                " k=" + std::to_string(c.k));
@@ -62,6 +64,34 @@ void check_case(const Case& c) {
       for (int i = 0; i < c.k && bad < 0; ++i)
         if (g[i] != w[i]) bad = i;
       ASSERT_EQ(bad, -1) << "row " << r << " slot " << bad << ": gpu " << g[bad] << " cpu " << w[bad];
+    }
+    // The placement: row r at offset 5 + r * (k + 3), index j written as j + 1000 + row_add[r].
+    const int64_t stride = c.k + 3, off = 5;
+    std::vector<int64_t> row_add(c.rows);
+    for (int r = 0; r < c.rows; ++r) row_add[r] = (int64_t{1} << 28) - 77 * r;
+    DeviceBuffer<int64_t> d_add(row_add.size());
+    d_add.upload(row_add);
+    DeviceBuffer<int32_t> d_placed(static_cast<size_t>(off + c.rows * stride + 3));
+    d_placed.poison();
+    const std::vector<int32_t> poison = d_placed.download();
+    cuda::TopkOutput place;
+    place.stride = stride;
+    place.add = 1000;
+    place.row_add = d_add.get();
+    cuda::topk_rows(d_scores.get(), c.stride, c.cols, c.lengths.empty() ? nullptr : d_len.get(), c.rows, c.k,
+                    d_placed.get() + off, nullptr, place);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int32_t> placed = d_placed.download();
+    for (size_t i = 0; i < placed.size(); ++i) {
+      const int64_t rel = static_cast<int64_t>(i) - off;
+      const int64_t r = rel >= 0 ? rel / stride : -1, col = rel >= 0 ? rel % stride : -1;
+      if (r < 0 || r >= c.rows || col >= c.k) {
+        ASSERT_EQ(placed[i], poison[i]) << "placed output: element " << i << " outside the rows was written";
+        continue;
+      }
+      const int32_t w = want[static_cast<size_t>(r) * c.k + col];
+      const int64_t expect = w < 0 ? -1 : w + 1000 + row_add[r];
+      ASSERT_EQ(placed[i], expect) << "placed output: row " << r << " slot " << col;
     }
   }
 }

@@ -36,8 +36,17 @@ bool pdl_enabled();
 // memory and the cluster barrier (no global workspace, no spin loop); the kernel is chosen from the shapes
 // (topk.cu: a streaming kernel that reads each row once, or for a few rows of 16K-64K a register-resident one).
 // Supported: 1 <= k <= 2048, cols <= 2^24, rows < 2^28.
+// TopkOutput places the output (the default: the plain [rows, k] list): row r's i-th entry goes to
+// out[r * stride + i] (stride 0: k; else stride >= k, the entries between untouched), and a selected index j is
+// written as j + add + row_add[r] (row_add may be null; the sum must fit int32), -1 as -1. The engine writes its
+// slot lists' selected pool rows this way, straight from the top-k.
+struct TopkOutput {
+  int64_t stride = 0;
+  int64_t add = 0;
+  const int64_t* row_add = nullptr;
+};
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
-               int32_t* out, cudaStream_t stream);
+               int32_t* out, cudaStream_t stream, const TopkOutput& placement = {});
 
 // ---- sparse attention with per-head sinks (reference: cpu::sparse_attention) ---------------------------------
 // K = V rows of 512 dims stored in one of the KvCodec layouts (engine/kv_state.h):

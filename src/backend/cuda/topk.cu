@@ -28,11 +28,12 @@ static_assert(2048 <= 8 * kThreads, "topk_short_kernel: 8 entries per thread cov
 constexpr int kShortPer = 8;  // k <= 2048 = kShortPer * kThreads
 __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __restrict__ scores, int64_t row_stride,
                                                              int cols, const int32_t* __restrict__ lengths, int k,
-                                                             int32_t* __restrict__ out) {
+                                                             OutMap out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ typename ScanInt::TempStorage scan;
   const int r = blockIdx.x, tid = threadIdx.x;
   const auto [row, n] = cta_row(scores, row_stride, cols, lengths);
+  const int32_t shift = out.shift(r);
   const int b = tid * kShortPer;
   bool take[kShortPer];
   int cnt = 0;
@@ -43,11 +44,11 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
   }
   int at, total;
   ScanInt(scan).ExclusiveSum(cnt, at, total);
-  int32_t* orow = out + static_cast<int64_t>(r) * k;
+  const OutRow orow = out.row(r, shift);
 #pragma unroll
   for (int e = 0; e < kShortPer; ++e)
-    if (take[e]) orow[at++] = b + e;
-  for (int i = total + tid; i < k; i += kThreads) orow[i] = -1;
+    if (take[e]) orow.put(at++, b + e);
+  for (int i = total + tid; i < k; i += kThreads) orow.none(i);
 }
 
 // The register-resident kernel for rows of 32K-64K entries, or of 16K-32K from 16 rows, when all of its CTAs fit
@@ -92,14 +93,17 @@ bool use_small(int64_t cols) {
 }  // namespace
 
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
-               int32_t* out, cudaStream_t stream) {
+               int32_t* out_ptr, cudaStream_t stream, const TopkOutput& placement) {
   device_config();
   if (k < 1 || k > 2048) fail("cuda::topk_rows: k = ", k, " is not supported (1 <= k <= 2048)");
   if (cols < 0 || cols > (int64_t{1} << 24))
     fail("cuda::topk_rows: row length ", cols, " is not supported (at most 2^24)");
   if (row_stride < cols) fail("cuda::topk_rows: row stride ", row_stride, " is below the row length ", cols);
   if (rows < 0 || rows >= (1 << 28)) fail("cuda::topk_rows: ", rows, " rows is not supported (below 2^28)");
+  if (placement.stride != 0 && placement.stride < k)
+    fail("cuda::topk_rows: output stride ", placement.stride, " is below k = ", k);
   if (rows == 0) return;
+  const OutMap out{out_ptr, placement.stride ? placement.stride : k, placement.add, placement.row_add};
   if (cols <= k) {  // every valid entry is selected (topk_short_kernel)
     check(launch(topk_short_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores, row_stride,
                  static_cast<int>(cols), lengths, k, out),

@@ -35,6 +35,25 @@ __device__ __forceinline__ uint32_t to_key(float x) {
 
 using ScanInt = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
+// Where a kernel writes its rows (cuda::TopkOutput resolved by topk_rows: stride >= k). A kernel reads its row's
+// shift early (shift(r): one load, off the emission's path) and writes through row(r, shift). The shift is int32:
+// the caller guarantees that every shifted index fits int32, and an index is below 2^24.
+struct OutRow {
+  int32_t* p;
+  int32_t shift;
+  __device__ __forceinline__ void put(int at, int index) const { p[at] = index + shift; }
+  __device__ __forceinline__ void none(int at) const { p[at] = -1; }
+};
+struct OutMap {
+  int32_t* out;
+  int64_t stride, add;
+  const int64_t* row_add;
+  __device__ __forceinline__ int32_t shift(int r) const {
+    return static_cast<int32_t>(add + (row_add ? __ldg(row_add + r) : 0));
+  }
+  __device__ __forceinline__ OutRow row(int r, int32_t sh) const { return {out + static_cast<int64_t>(r) * stride, sh}; }
+};
+
 // One CTA per row (topk_short_kernel, topk_small_kernel): row blockIdx.x and its valid length.
 struct CtaRow {
   const float* row;
@@ -72,12 +91,12 @@ __device__ __forceinline__ RowChunk row_chunk(const cg::cluster_group& cluster, 
 // the shapes only, so eager and graph launches agree.
 // Register-resident rows: cols <= kMaxCluster * kResidentTile.
 cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                                 int rows, int k, int32_t* out, cudaStream_t stream);
+                                 int rows, int k, OutMap out, cudaStream_t stream);
 // One CTA per row, no cluster: cols <= kSmallCols.
 cudaError_t launch_topk_small(const float* scores, int64_t row_stride, int cols, const int32_t* lengths, int rows,
-                              int k, int32_t* out, cudaStream_t stream);
+                              int k, OutMap out, cudaStream_t stream);
 // Any row length.
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                               int rows, int k, int32_t* out, cudaStream_t stream);
+                               int rows, int k, OutMap out, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::topk_detail

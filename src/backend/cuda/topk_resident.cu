@@ -138,7 +138,7 @@ __device__ __forceinline__ bool take_digit(const Shared& s, int w, uint32_t& pre
 
 __global__ void __launch_bounds__(kRThreads, 2)
     topk_resident_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
-                         const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
+                         const int32_t* __restrict__ lengths, int k, OutMap out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ Shared s;
   cg::cluster_group cluster = cg::this_cluster();
@@ -147,7 +147,9 @@ __global__ void __launch_bounds__(kRThreads, 2)
   const float* row = rc.row;
   const bool aligned = rc.aligned;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int32_t* orow = out + static_cast<int64_t>(rc.r) * k;
+  // The output shift (OutMap): one thread loads it before S2 into shared memory and the emission reads it from
+  // there (held in a register across the selection, it spilled: the kernel is at its 64-register bound).
+  __shared__ int32_t row_shift;
 
   uint32_t v[4 * kVec];  // keys: the whole chunk (the host launches this kernel for chunks of <= kTile only)
   load_tile(row, aligned, cb, ce, v);  // issued first: the loads fly while shared is reset
@@ -215,6 +217,7 @@ __global__ void __launch_bounds__(kRThreads, 2)
       }
     });
   }
+  if (threadIdx.x == 0) row_shift = out.shift(rc.r);  // visible after S2
   cluster.sync();  // S2: local candidate buffers and counts complete; nobody reads s.hist remotely any more
   if (tid < C) {
     s.nl[tid] = *cluster.map_shared_rank(&s.n_local, tid);
@@ -390,6 +393,8 @@ __global__ void __launch_bounds__(kRThreads, 2)
       all += t;
     }
   }
+  // The row's output (its shift: row_shift, in shared memory).
+  int32_t* const orow = out.out + static_cast<int64_t>(rc.r) * out.stride;
   auto emit_tile = [&](int tb, unsigned long long base) {
     if (!(gtm | eqm)) return;
 #pragma unroll
@@ -400,7 +405,7 @@ __global__ void __launch_bounds__(kRThreads, 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool g = (gtm >> (4 * u + e)) & 1u, q = (eqm >> (4 * u + e)) & 1u;
-        if (g || (q && eb < ties)) orow[gb + min(eb, ties)] = tb + 4 * (u * kRThreads + tid) + e;
+        if (g || (q && eb < ties)) orow[gb + min(eb, ties)] = tb + 4 * (u * kRThreads + tid) + e + row_shift;
         gb += g;
         eb += q;
       }
@@ -417,7 +422,7 @@ __global__ void __launch_bounds__(kRThreads, 2)
 }  // namespace
 
 cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                                 int rows, int k, int32_t* out, cudaStream_t stream) {
+                                 int rows, int k, OutMap out, cudaStream_t stream) {
   const int C = std::max(1, (cols + kTile - 1) / kTile);  // <= kMaxCluster: the caller's contract
   return launch_cluster(topk_resident_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kRThreads), 0, stream,
                         static_cast<unsigned>(C), scores, row_stride, cols, lengths, k, out);

@@ -23,7 +23,7 @@ using ScanU32 = cub::BlockScan<uint32_t, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
 __global__ void __launch_bounds__(kThreads) topk_small_kernel(const float* __restrict__ scores, int64_t row_stride,
                                                              int cols, const int32_t* __restrict__ lengths, int k,
-                                                             int32_t* __restrict__ out) {
+                                                             OutMap out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ union {
     typename ScanInt::TempStorage i;
@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kThreads) topk_small_kernel(const float* __res
   __shared__ int s_need, s_count;
   const int r = blockIdx.x, tid = threadIdx.x;
   const auto [row, n] = cta_row(scores, row_stride, cols, lengths);
+  const int32_t shift = out.shift(r);
   const int b = tid * kSmallPer;
   uint32_t key[kSmallPer];
   int valid = 0;
@@ -95,23 +96,23 @@ __global__ void __launch_bounds__(kThreads) topk_small_kernel(const float* __res
   int eq_seen = static_cast<int>(before >> 16);
   int at = static_cast<int>(before & 0xffffu) + min(eq_seen, ties);
   const int total = static_cast<int>(all & 0xffffu) + min(static_cast<int>(all >> 16), ties);
-  int32_t* orow = out + static_cast<int64_t>(r) * k;
+  const OutRow orow = out.row(r, shift);
 #pragma unroll
   for (int e = 0; e < kSmallPer; ++e) {
     if (key[e] > T) {
-      orow[at++] = b + e;
+      orow.put(at++, b + e);
     } else if (key[e] == T && key[e] != 0u) {
-      if (eq_seen < ties) orow[at++] = b + e;
+      if (eq_seen < ties) orow.put(at++, b + e);
       ++eq_seen;
     }
   }
-  for (int i = total + tid; i < k; i += kThreads) orow[i] = -1;
+  for (int i = total + tid; i < k; i += kThreads) orow.none(i);
 }
 
 }  // namespace
 
 cudaError_t launch_topk_small(const float* scores, int64_t row_stride, int cols, const int32_t* lengths, int rows,
-                              int k, int32_t* out, cudaStream_t stream) {
+                              int k, OutMap out, cudaStream_t stream) {
   return launch(topk_small_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores, row_stride,
                 cols, lengths, k, out);
 }

@@ -231,12 +231,13 @@ __device__ __forceinline__ void load_stream_tile(const float* __restrict__ row, 
 
 __global__ void __launch_bounds__(kThreads, 4)
     topk_stream_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
-                       const int32_t* __restrict__ lengths, int k, int32_t* __restrict__ out) {
+                       const int32_t* __restrict__ lengths, int k, OutMap out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StreamShared& s = *reinterpret_cast<StreamShared*>(smem_raw);
   cg::cluster_group cluster = cg::this_cluster();
   const RowChunk rc = row_chunk(cluster, scores, row_stride, cols, lengths);
+  const int32_t shift = out.shift(rc.r);  // issued early: off the emission's path
   const int C = rc.C, rank = rc.rank, cb = rc.cb, ce = rc.ce;
   const float* row = rc.row;
   const bool aligned = rc.aligned;
@@ -339,12 +340,12 @@ __global__ void __launch_bounds__(kThreads, 4)
     before += q < rank ? v : 0ull;
     all += v;
   }
-  int32_t* orow = out + static_cast<int64_t>(rc.r) * k;
+  const OutRow orow = out.row(rc.r, shift);
   emit_ordered(s, phase, cnt, th, static_cast<int>(before >> 32), static_cast<int>(before & 0xffffffffu),
-               [&](int at, int32_t id, uint32_t) { orow[at] = id; });
+               [&](int at, int32_t id, uint32_t) { orow.put(at, id); });
   if (rank == 0) {
     const int written = static_cast<int>(all >> 32) + min(static_cast<int>(all & 0xffffffffu), th.ties);
-    for (int i = written + tid; i < k; i += kThreads) orow[i] = -1;
+    for (int i = written + tid; i < k; i += kThreads) orow.none(i);
   }
   cluster.sync();  // no CTA leaves while another may still read its shared memory
 }
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 }  // namespace
 
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                               int rows, int k, int32_t* out, cudaStream_t stream) {
+                               int rows, int k, OutMap out, cudaStream_t stream) {
   // The shared-memory opt-in and the kernel's resident CTAs per SM (4 on sm_90, 1 on SM12x's ~100 KB), once.
   static int per_sm = 0;
   static const cudaError_t attr = [] {

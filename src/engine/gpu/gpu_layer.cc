@@ -154,6 +154,10 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   };
   // The head weights' 1/sqrt(heads), applied as the scores kernels load them (the CPU path's iw *= ws).
   const float index_w_scale = 1.0f / std::sqrt(static_cast<float>(IH));
+  // Slots per token: the window rows, then the CSA selection or every visible HCA entry.
+  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
+  const int n_slots = W + extra;
+  const bool topk_slots = kind == AttnKind::kCSA && opt.topk_writes_slots;  // GpuOptions::topk_writes_slots
   auto index_from_q = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
     glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
@@ -183,20 +187,26 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
                            st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
     }
     mark(li, "index.scores");
-    cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
+    if (topk_slots) {  // the selected pool rows base + ring + index, after the W window rows of each slot list
+      cuda::TopkOutput place;
+      place.stride = n_slots;
+      place.add = static_cast<int64_t>(st->ring);
+      place.row_add = meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri));
+      cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.slots + W, stream, place);
+    } else {
+      cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
+    }
     mark(li, "index.topk");
   };
   // The slot lists over the layer's pool: the window rows and the CSA selection or every visible HCA entry. They
   // need only the step's positions and (CSA) the top-k, so with overlap_branches they are built on the branch
-  // stream that runs before the join (CSA: after the top-k; HCA: after the compressor), off the main stream
-  // (GpuOptions::slots_on_branches).
-  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
-  const int n_slots = W + extra;
+  // stream that runs before the join (CSA: after the top-k; HCA, and CSA with topk_slots, where only the window
+  // rows remain to write: after the compressor), off the main stream (GpuOptions::slots_on_branches).
   bool slots_built = false;
   auto slot_lists = [&]() {
+    const int slot_kind = kind == AttnKind::kCSA ? (topk_slots ? 3 : 1) : kind == AttnKind::kHCA ? 2 : 0;
     glue::build_slots(T, pos, meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri)), W, static_cast<int>(st->ring),
-                      kind == AttnKind::kCSA ? 1 : kind == AttnKind::kHCA ? 2 : 0, r, s.sel, topk, n_slots, s.slots,
-                      stream);
+                      slot_kind, r, s.sel, topk, n_slots, s.slots, stream);
     slots_built = true;
   };
   // overlap_branches: the indexer runs on the side stream, its x part from the start, its q part once
@@ -218,7 +228,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     hand_over(stream, side2, ev_fork2);
     OnSide on(*this, side2, cudalin::Workspace{}, s.xb_side2);
     compress_main();
-    if (!csa && opt.slots_on_branches) slot_lists();  // HCA: joined with the compressor (ev_join2)
+    if ((!csa || topk_slots) && opt.slots_on_branches) slot_lists();  // joined with the compressor (ev_join2)
   }
 
   // Q: qr = q_norm(wq_a x); q = wq_b qr, per-head unweighted RMSNorm, RoPE.
@@ -258,7 +268,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
     index_from_q(qrb);
-    if (opt.slots_on_branches) slot_lists();  // after the top-k it reads; joined with the indexer (ev_join)
+    if (opt.slots_on_branches && !topk_slots) slot_lists();  // after the top-k it reads; joined with the indexer
   }
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);

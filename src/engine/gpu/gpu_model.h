@@ -93,6 +93,11 @@ struct GpuOptions {
   // (CSA: the indexer's, after the top-k; HCA: the compressor's), off the main stream. Same results, bit for
   // bit. Off: on the main stream after the joins.
   bool slots_on_branches = true;
+  // CSA layers: the top-k writes the selected pool rows straight into the slot lists (cuda::TopkOutput), and the
+  // slot-list kernel writes only the window rows, on the compressor's stream with slots_on_branches, so no launch
+  // remains between the top-k and the join on the indexer's stream (the critical one: --timeline). Same results,
+  // bit for bit. Off: the top-k writes s.sel and the slot-list kernel maps it after the top-k.
+  bool topk_writes_slots = true;
   // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
   // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
   // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8

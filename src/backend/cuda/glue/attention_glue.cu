@@ -55,7 +55,8 @@ __global__ void slots_kernel(const int64_t* pos, const int64_t* base, int window
   const int64_t n_win = p - first + 1;
   const int64_t visible = ratio ? (p + 1) / ratio : 0;
   int32_t* out = slots + static_cast<int64_t>(t) * n_slots;
-  for (int j = threadIdx.x; j < n_slots; j += blockDim.x) {
+  const int n_write = kind == 3 ? window : n_slots;  // kind 3: the top-k wrote the selection part
+  for (int j = threadIdx.x; j < n_write; j += blockDim.x) {
     int64_t row = -1;
     if (j < window) {
       if (j < n_win) row = b + (first + j) % ring;

@@ -81,7 +81,8 @@ void indexer_scores(const float* q, const float* w, float w_scale, int T, int H,
 // Slot lists for cuda::sparse_attention, in the CPU's key order (attention.cc): slots [T, n_slots] int32.
 //   j < window: the window rows max(0, p-W+1) .. p -> base[t] + wp % ring, then -1;
 //   j >= window: kind 2 (HCA) entries e = j - W < (p+1)/ratio -> base[t] + ring + e;
-//                kind 1 (CSA) sel[t, e] >= 0 -> base[t] + ring + sel[t, e]; otherwise -1.
+//                kind 1 (CSA) sel[t, e] >= 0 -> base[t] + ring + sel[t, e]; otherwise -1;
+//                kind 3 (CSA, the selection written by cuda::topk_rows through TopkOutput): not written.
 // ring >= window: the rows of the window ring (engine/gpu/device_state.h).
 void build_slots(int T, const int64_t* pos, const int64_t* base, int window, int ring, int kind, int ratio,
                  const int32_t* sel, int topk, int n_slots, int32_t* slots, cudaStream_t stream);
