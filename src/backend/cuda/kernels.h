@@ -32,9 +32,10 @@ bool pdl_enabled();
 // scores: [rows, row_stride] fp32; row r holds lengths[r] entries (lengths == nullptr: all `cols`; values
 // above `cols` are clamped). out: [rows, k] int32 = the selected indices in ascending order, then -1.
 // Exact for any input (nothing is ever truncated), lowest index wins among equal values, NaN/-inf never
-// selected. One thread-block cluster (<= 8 CTAs) per row, exchanging data only through distributed shared
-// memory and the cluster barrier (no global workspace, no spin loop); the kernel is chosen from the shapes
-// (topk.cu: a streaming kernel that reads each row once, or for a few rows of 16K-64K a register-resident one).
+// selected. One CTA (rows of <= 4096 entries) or one thread-block cluster (<= 8 CTAs) per row, exchanging data
+// only through distributed shared memory and the cluster barrier (no global workspace, no spin loop); the kernel
+// is chosen from the shapes (topk.cu: a compaction for rows no longer than k, one CTA per row up to 4096 entries,
+// a register-resident cluster for a few rows of 16K-64K, else a streaming kernel that reads each row once).
 // Supported: 1 <= k <= 2048, cols <= 2^24, rows < 2^28.
 // TopkOutput places the output (the default: the plain [rows, k] list): row r's i-th entry goes to
 // out[r * stride + i] (stride 0: k; else stride >= k, the entries between untouched), and a selected index j is

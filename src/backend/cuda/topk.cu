@@ -81,8 +81,9 @@ bool use_resident(int64_t cols, int rows) {
 
 // topk_small.cu's kernel for every row of k < cols <= 4096 entries (the decode step's indexer row at contexts up
 // to 16K, and prefill chunks' rows there). Measured on the H200 (run 125, bench_cuda_kernels --topk, k = 512):
-// 7.0-7.2 us for 1-8 rows of 2K-4K entries against 9.1-12.6 streamed and 10.3-13.7 resident; the engine's
-// prefill at 8K-16K moved by less than its noise (7,832-7,860 against 7,798-7,828 tok/s at 8K).
+// 6.2-6.9 us for 1-64 rows of 2K-4K entries against 7.8-12.4 streamed and 9.2-10.6 resident; in the engine
+// (run 126) the batch-1 step at context 8,195 takes 7.063-7.085 ms against 7.138-7.152 streamed, and prefill at
+// 8K-16K moved by less than its noise.
 // DSV4_TOPK_KERNEL=stream / resident forces those (read per call), =small keeps this choice.
 bool use_small(int64_t cols) {
   if (cols > kSmallCols) return false;
