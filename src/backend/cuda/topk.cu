@@ -51,22 +51,22 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
   for (int i = total + tid; i < k; i += kThreads) orow.none(i);
 }
 
-// The register-resident kernel for rows of 32K-64K entries, or of 16K-32K from 16 rows, when all of its CTAs fit
-// two per SM (rows x ceil(cols / 8K) <= 2 x SMs); the streaming kernel otherwise. Measured on the H200
-// (docs/KERNELS.md, runs 75-80):
+// The register-resident kernel for rows of 32K-64K entries, or of 16K-32K from 16 rows, when all of its CTAs
+// fit two per SM (rows x ceil(cols / 8K) <= 2 x SMs); the streaming kernel otherwise. Measured on the H200
+// (docs/KERNELS.md, runs 75-80, 131):
 // - Alone (bench, back-to-back launches) resident is faster for every few-row shape up to 64K: 1-8 x 64K 14.7-15.5
 //   us against 26.5-31.4 streamed, 64 x 32K 26.9 against 49.1, 1 x 16K 10.8 against 13.8, 1-64 x 4K-8K 9.2-11.7
 //   against 10.8-14.4 (at 512 rows streamed 21.5-80 us against 25-326).
 // - In the engine's decode step (the indexer's top-k: one row per sequence, context bucket / 4 columns, about half
-//   of them valid, on the side stream next to the main stream's kernels) streamed is faster at 4K and 32K
-//   columns: step 8.39 against 8.62 ms at context 8,193 and 8.65 against 8.74 at 65,537 (run 77); resident at 64K:
-//   8.77 against 9.10 ms at context 131,073 (run 78). Why the engine reverses the isolated result is not known:
-//   without PDL the gap shrinks (run 77), and a resident variant of 256 threads x 4K elements, with the streaming
-//   kernel's register footprint, lost as well (run 79).
-// Hence the 32K floor, set by the engine, below 16 rows. From 16 rows of 16K-32K the resident kernel is about 2x
-// faster alone (64 x 16K 12.9 against 28.0 us, 64 x 32K 26.9 against 49.1; run 80), more than the 4-11 us it lost
-// per call in the engine at one row, so it keeps those shapes (not yet measured in the engine: batch 16-64
-// decode at 64K-128K context).
+//   of them valid, on the side stream next to the main stream's kernels) runs 77-78 found streamed faster at 4K
+//   and 32K columns and resident at 64K, but those rows timed a graph capture inside their loop (bench_gpu_forward's
+//   single warm-up step, fixed in run 126), which moved them by 0.2-0.8 ms. Without it, at context 65,539 (32K
+//   columns) resident takes 7.300 ms per step against 7.359-7.391 streamed (run 131, one process against two), so
+//   32K columns take the resident kernel; 4K columns take topk_small (run 126); 16K columns (contexts 32K-64K)
+//   stay streamed below 16 rows until an engine A/B says otherwise.
+// - From 16 rows of 16K-32K the resident kernel is about 2x faster alone (64 x 16K 12.9 against 28.0 us, 64 x 32K
+//   26.9 against 49.1; run 80), so it keeps those shapes (not yet measured in the engine: batch 16-64 decode at
+//   64K-128K context).
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
 bool use_resident(int64_t cols, int rows) {
@@ -75,7 +75,7 @@ bool use_resident(int64_t cols, int rows) {
   if (e && std::strcmp(e, "resident") == 0) return true;
   if (e && std::strcmp(e, "stream") == 0) return false;
   const int64_t ctas = static_cast<int64_t>(rows) * ((cols + kResidentTile - 1) / kResidentTile);
-  const bool long_rows = cols > 4 * kResidentTile || (rows >= 16 && cols > kResidentTile);
+  const bool long_rows = cols >= 4 * kResidentTile || (rows >= 16 && cols > kResidentTile);
   return long_rows && ctas <= 2 * static_cast<int64_t>(device_config().sm_count);
 }
 
