@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The indexer's top-k inside the engine's decode step (docs/NOTES.md "Top-k: what the next step needs": alone the
-# resident kernel is faster, in the decode step the streaming one). Builds and writes the V4-Flash-width checkpoint
+# The indexer's top-k inside the engine's decode step (docs/NOTES.md "Top-k: what the next step needs"; the engine
+# A/Bs behind the kernel choice are in topk.cu's comments). Builds and writes the V4-Flash-width checkpoint
 # as bench_flash.sh does, then for each kernel choice (default, DSV4_TOPK_KERNEL=stream, =resident, =small; small
 # applies to rows of <= 4096 entries, i.e. CTX <= 16385):
 #   - Nsight Compute on every top-k launch of a short bench_gpu_forward run (prefill CTX - 1 tokens in chunks of
