@@ -35,19 +35,14 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
   const auto [row, n] = cta_row(scores, row_stride, cols, lengths);
   const int32_t shift = out.shift(r);
   const int b = tid * kShortPer;
-  bool take[kShortPer];
-  int cnt = 0;
-#pragma unroll
-  for (int e = 0; e < kShortPer; ++e) {
-    take[e] = b + e < n && to_key(__ldg(row + b + e)) != 0u;
-    cnt += take[e];
-  }
+  uint32_t key[kShortPer];
+  const int cnt = load_run(row, n, b, key);
   int at, total;
   ScanInt(scan).ExclusiveSum(cnt, at, total);
   const OutRow orow = out.row(r, shift);
 #pragma unroll
   for (int e = 0; e < kShortPer; ++e)
-    if (take[e]) orow.put(at++, b + e);
+    if (key[e] != 0u) orow.put(at++, b + e);
   for (int i = total + tid; i < k; i += kThreads) orow.none(i);
 }
 

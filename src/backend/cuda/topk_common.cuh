@@ -64,6 +64,19 @@ __device__ __forceinline__ CtaRow cta_row(const float* scores, int64_t row_strid
   return {scores + static_cast<int64_t>(r) * row_stride, lengths ? max(0, min(lengths[r], cols)) : cols};
 }
 
+// One CTA per row: thread `tid`'s contiguous run of Per keys from b = tid * Per (key 0 past the row's length n,
+// and for NaN / -inf); returns how many are valid (non-zero).
+template <int Per>
+__device__ __forceinline__ int load_run(const float* row, int n, int b, uint32_t (&key)[Per]) {
+  int valid = 0;
+#pragma unroll
+  for (int e = 0; e < Per; ++e) {
+    key[e] = b + e < n ? to_key(__ldg(row + b + e)) : 0u;
+    valid += key[e] != 0u;
+  }
+  return valid;
+}
+
 // This CTA's share of its row: the grid is rows x C CTAs in clusters of C, CTA `rank` of a cluster owns elements
 // [cb, ce) of row r (chunks are multiples of 4 so that float4 loads stay aligned inside an aligned row).
 struct RowChunk {

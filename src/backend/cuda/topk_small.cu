@@ -37,12 +37,7 @@ __global__ void __launch_bounds__(kThreads) topk_small_kernel(const float* __res
   const int32_t shift = out.shift(r);
   const int b = tid * kSmallPer;
   uint32_t key[kSmallPer];
-  int valid = 0;
-#pragma unroll
-  for (int e = 0; e < kSmallPer; ++e) {
-    key[e] = b + e < n ? to_key(__ldg(row + b + e)) : 0u;  // 0: invalid (NaN, -inf, past the length)
-    valid += key[e] != 0u;
-  }
+  const int valid = load_run(row, n, b, key);  // key 0: invalid (NaN, -inf, past the length)
   int unused, n_valid;
   ScanInt(scan.i).ExclusiveSum(valid, unused, n_valid);
 
