@@ -10,10 +10,14 @@
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
-//                     [--main-priority] [--timeline] [--topk-index-list]
+//                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch]
+//                     [--max-model-len N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
 // --prefill-chunk N: GpuOptions::prefill_chunk (0: token-by-token prefill through the decode graphs).
+// --max-model-len N: GpuOptions::max_model_len (default: the longest row + decode + 8). It caps the context
+//   bucket, and so the indexer's score columns (bucket / 4): a server's large max_model_len gives power-of-two
+//   buckets, e.g. 32,768 columns at contexts 64K-128K, where the default gives 16,390 at context 65,539.
 // --no-pdl: launch every kernel in plain stream order (no programmatic dependent launch), to compare.
 // --moe-ks N: force the MoE decode kernels' K splits (cudalin::set_moe_ksplit; 0 = the heuristic).
 // --no-overlap: GpuOptions::overlap_branches off (one stream).
@@ -38,6 +42,7 @@
 // --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
 // --topk-index-list: GpuOptions::topk_writes_slots off (the top-k writes its index list, the slot-list kernel maps
 //   it after the top-k on the indexer's stream).
+// --index-rope-launch: GpuOptions::index_rope_in_scores off (the index q rotated by its own launch first).
 // --timeline: GpuOptions::branch_timeline (timing events at each attention join in the graphs): after the batch-1
 //   and the prefill rows, how long the main stream waited for the indexer's and the compressor's streams.
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
@@ -178,10 +183,11 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
-  bool timeline = false, topk_slots = defaults.topk_writes_slots;
+  bool timeline = false, topk_slots = defaults.topk_writes_slots, index_rope = defaults.index_rope_in_scores;
   gpu::GpuOptions::PriorityStream priority_stream = defaults.priority_stream;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
+  long long max_model_len = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -194,6 +200,7 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") prompt = std::atoi(next().c_str());
     else if (a == "--decode") decode = std::atoi(next().c_str());
     else if (a == "--prefill") prefills = parse_list(next());
+    else if (a == "--max-model-len") max_model_len = std::atoll(next().c_str());
     else if (a == "--full-layers") full_layers = std::atoi(next().c_str());
     else if (a == "--prefill-chunk") prefill_chunk = std::atoi(next().c_str());
     else if (a == "--repeat-layers") repeat_layers = std::atoi(next().c_str());
@@ -224,6 +231,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-priority") priority_stream = gpu::GpuOptions::PriorityStream::kNone;
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--timeline") timeline = true;
+    else if (a == "--index-rope-launch") index_rope = false;
     else if (a == "--topk-index-list") topk_slots = false;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
@@ -253,6 +261,14 @@ int main(int argc, char** argv) {
     o.max_seqs = *std::max_element(batches.begin(), batches.end());
     const int longest = prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
     o.max_model_len = std::max(prompt + decode + 8, longest + decode + 8);
+    if (max_model_len > 0) {
+      if (max_model_len < o.max_model_len) {
+        std::fprintf(stderr, "--max-model-len %lld is below the longest row (%lld tokens)\n", max_model_len,
+                     static_cast<long long>(o.max_model_len));
+        return 2;
+      }
+      o.max_model_len = max_model_len;
+    }
     o.progress = true;
     o.poison = false;
     o.prefill_chunk = prefill_chunk;
@@ -269,6 +285,7 @@ int main(int argc, char** argv) {
     o.indexer_fp8_q = indexer_fp8_q;
     o.branch_timeline = timeline;
     o.topk_writes_slots = topk_slots;
+    o.index_rope_in_scores = index_rope;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

@@ -79,9 +79,10 @@ std::pair<double, double> gpu_scratch(const Model& m, const StepCapacity& step) 
   const double Is = std::max(1, c.n_shared_experts) * I, topk = std::max(1, c.index_topk), W = c.sliding_window;
   const double widest = std::max({D, qlr, H * hd, G * olr, Is, I});
   // fp32 activations per token: streams h and res, x, y, mHC post / comb, q path, kv, compressor and
-  // indexer rows, attention output, z, router, shared expert, the exact MoE's h.
+  // indexer rows, the index q's RoPE factors (Scratch::rope_cs), attention output, z, router, shared expert, the
+  // exact MoE's h.
   const double f32 = 2 * n * D + 2 * D + n + n * n + 2 * qlr + hd + H * hd + hd + 4 * hd + 4 * Id + IH * Id + IH +
-                     H * hd + G * olr + E + K + 4 * Is + K * I;
+                     c.rope_head_dim + H * hd + G * olr + E + K + 4 * Is + K * I;
   const double b16 = widest + D + qlr;                    // 16-bit copies (xb, xbx, xbq)
   const double i32 = K + topk + (W + topk) + 2;           // routes, selections, slot lists (fixed part), next
   const double small = 256;                               // step metadata, sampling parameters

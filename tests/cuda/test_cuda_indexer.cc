@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/cpu/indexer_fp8.h"
+#include "backend/cuda/glue/glue.h"
 #include "core/numerics.h"
 #include "cuda_test_util.h"
 #include "engine/kv_state.h"
@@ -353,6 +354,90 @@ TEST(CudaIndexer, HeadWeightScale) {
       run_case({.n_q = 1, .n_keys = 30000, .fp8_q = true, .w_scale = sc}, seed + i++);
       run_case({.n_q = 64, .n_keys = 2049, .causal = true, .fp8_q = true, .w_scale = sc}, seed + i++);
     }
+  }
+}
+
+// IndexerArgs::rope_cs (the engine's index q RoPE, applied as the kernels load q, with glue::rope_table's factors)
+// gives the same scores, bit for bit, as q rotated first by glue::heads_norm_rope (the engine's other path), on every kernel: the streaming
+// kernel (FP8 and MXFP4 keys), exact_q, fp8_q with one and four queries per CTA, paged; with the rotated block
+// covering half the head, all of it, and 3 pairs (a float4 split between rotated and not). The scores are also
+// checked against the CPU reference on the rotated q. Positions include 0 and ~2^20.
+TEST(CudaIndexer, RopeOnLoadMatchesRotatedQ) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 110);
+  std::vector<Case> cases = {
+      {.n_q = 1, .n_keys = 30000},
+      {.n_q = 64, .n_keys = 2049, .causal = true, .share_hint = true},
+      {.n_q = 5, .n_keys = 999, .causal = true, .fmt = IndexerKeyFormat::kMXFP4},
+      {.n_q = 4, .n_keys = 3000, .causal = true, .exact_q = true},
+      {.n_q = 4, .n_keys = 3000, .causal = true, .mode = Mode::kPaged, .block_size = 64},
+  };
+  if (cuda::indexer_fp8_q_supported()) {
+    cases.push_back({.n_q = 1, .n_keys = 30000, .fp8_q = true});
+    cases.push_back({.n_q = 64, .n_keys = 2049, .causal = true, .fp8_q = true, .share_hint = true});
+    cases.push_back({.n_q = 4, .n_keys = 3000, .causal = true, .mode = Mode::kPaged, .block_size = 64, .fp8_q = true});
+  }
+  int i = 0;
+  for (const Case& cs : cases) {
+    for (int n_freq : {32, 64, 3}) {
+      const std::string label = cs.name() + " rope n_freq=" + std::to_string(n_freq);
+      SCOPED_TRACE(label);
+      Problem p;
+      make_problem(p, cs, rng);
+      p.set_vis(random_vis(cs, rng));
+      std::vector<int64_t> pos(cs.n_q);
+      std::uniform_int_distribution<int64_t> any_pos(0, int64_t{1} << 20);
+      for (int64_t& v : pos) v = any_pos(rng);
+      pos[0] = (i++ % 2) ? 0 : (int64_t{1} << 20) - 1;
+      std::vector<float> inv_freq(n_freq);
+      for (int f = 0; f < n_freq; ++f) inv_freq[f] = std::pow(10000.0f, -2.0f * f / (2 * n_freq));
+      DeviceBuffer<int64_t> dpos(pos.size());
+      DeviceBuffer<float> dfreq(inv_freq.size()), drot(p.q.size());
+      DeviceBuffer<float2> dcs(size_t(cs.n_q) * n_freq);
+      dpos.upload(pos);
+      dfreq.upload(inv_freq);
+      drot.upload(p.q);
+      glue::heads_norm_rope(drot.get(), cs.n_q, H, Dk, dpos.get(), dfreq.get(), n_freq, false, 1e-6f, false, nullptr);
+      dcs.poison();
+      glue::rope_table(dpos.get(), cs.n_q, dfreq.get(), n_freq, dcs.get(), nullptr);
+      // The reference: scores of the q rotated in place first.
+      cuda::IndexerArgs a = p.args();
+      a.q = drot.get();
+      p.dout->poison();
+      cuda::indexer_scores_fp8(a, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> want = p.dout->download();
+      // The kernels rotating the unrotated q themselves.
+      a = p.args();
+      a.rope_cs = dcs.get();
+      a.rope_n_freq = n_freq;
+      p.dout->poison();
+      cuda::indexer_scores_fp8(a, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = p.dout->download();
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << label << ": scores differ from those of the q rotated first";
+      // And against the CPU reference on the rotated q (as the kernels quantize it with fp8_q).
+      p.q = drot.download();
+      p.q8 = p.q;
+      if (cs.fp8_q) act_quant_e4m3(p.q.data(), int64_t(p.q.size()), Dk, p.q8.data());
+      check_scores(p, label);
+    }
+  }
+}
+
+TEST(CudaIndexer, RopeArgumentsFailLoudly) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 111);
+  Problem p;
+  make_problem(p, {.n_q = 1, .n_keys = 100}, rng);
+  p.set_vis(random_vis(p.cs, rng));
+  DeviceBuffer<float2> dcs(65);
+  for (int n_freq : {0, 65, -1}) {
+    cuda::IndexerArgs a = p.args();
+    a.rope_cs = dcs.get();
+    a.rope_n_freq = n_freq;
+    EXPECT_THROW(cuda::indexer_scores_fp8(a, nullptr), Error) << "n_freq " << n_freq;
   }
 }
 

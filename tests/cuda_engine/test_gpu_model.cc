@@ -366,7 +366,8 @@ TEST_F(GpuEngine, CudaGraphsMatchEagerBitwise) {
 // on the third stream (kv_row_on_side), the slot lists on the branch streams (slots_on_branches), the shared
 // expert joined only before the routed experts' w2 (shared_join_at_w2), the branch or the main stream at the
 // greatest priority (priority_stream), with the timing events of branch_timeline, and (every two-stream run
-// against the one-stream reference that has it off) with the top-k writing the slot lists (topk_writes_slots).
+// against the one-stream reference that has them off) with the top-k writing the slot lists (topk_writes_slots)
+// and the index q's RoPE inside the scores kernel (index_rope_in_scores).
 TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   DSV4_REQUIRE_GPU();
   const auto& c = cpu(1, KvDtype::kF32);
@@ -374,6 +375,7 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
     gpu::GpuOptions one = test_options(KvDtype::kFP8), two = test_options(KvDtype::kFP8);
     one.overlap_branches = false;
     one.topk_writes_slots = false;  // the reference: the top-k's index list mapped by the slot-list kernel
+    one.index_rope_in_scores = false;  // and the index q rotated by its own launch
     two.overlap_branches = true;
     two.kv_row_on_side = false;  // the window KV row's encode on the main stream
     two.shared_join_at_w2 = false;  // the shared expert joined before the routed experts' w1/w3

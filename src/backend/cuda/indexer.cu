@@ -32,6 +32,8 @@ namespace {
 using namespace ptx;
 using idx::cp_async;
 using idx::key_row;
+using idx::rope_q4;
+using idx::rope_r0;
 
 constexpr int kH = kIndexerHeads;  // 64
 constexpr int kD = kIndexerDim;    // 128
@@ -56,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
   const int g = lane >> 2, c = lane & 3;  // mma group (row / column) and thread-in-group
   const int s = blockIdx.y;
   const float* q = a.q + static_cast<int64_t>(s) * kH * kD;
+  const int r0 = rope_r0(a);  // IndexerArgs::rope_cs
 
   // B fragments (k x n = dims x heads) of this warp's 16 heads, permuted as described above: for k-step
   // ks = 2j + p, register r holds dims 32j + 8c + 4p + 2r + {0, 1} of head 16 warp + 8 nt + g.
@@ -65,8 +68,8 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
     const float* qr = q + (warp * kHeadsPerWarp + nt * 8 + g) * kD;
 #pragma unroll
     for (int j = 0; j < kSteps / 2; ++j) {
-      const float4 lo4 = *reinterpret_cast<const float4*>(qr + 32 * j + 8 * c);
-      const float4 hi4 = *reinterpret_cast<const float4*>(qr + 32 * j + 8 * c + 4);
+      const float4 lo4 = rope_q4(a, s, *reinterpret_cast<const float4*>(qr + 32 * j + 8 * c), 32 * j + 8 * c, r0);
+      const float4 hi4 = rope_q4(a, s, *reinterpret_cast<const float4*>(qr + 32 * j + 8 * c + 4), 32 * j + 8 * c + 4, r0);
       split_bf16x2(lo4.x, lo4.y, qh[nt][2 * j][0], ql[nt][2 * j][0]);
       split_bf16x2(lo4.z, lo4.w, qh[nt][2 * j][1], ql[nt][2 * j][1]);
       split_bf16x2(hi4.x, hi4.y, qh[nt][2 * j + 1][0], ql[nt][2 * j + 1][0]);
@@ -282,15 +285,15 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
     cp_async_commit();
   }
 
-  // q -> fp16 with a per-head power-of-two scale, into shared memory in the permuted K order (row h, logical
-  // position 16 ks + lk); two threads per head.
+  // q (rotated first with rope_cs) -> fp16 with a per-head power-of-two scale, into shared memory in the permuted
+  // K order (row h, logical position 16 ks + lk); two threads per head.
   {
-    const int h = tid >> 1, half = tid & 1;
+    const int h = tid >> 1, half = tid & 1, r0 = rope_r0(a);
     const float* qr = a.q + (static_cast<int64_t>(s) * kH + h) * kD + half * (kD / 2);
     float m = 0.f;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(qr) + j);
+      const float4 v = rope_q4(a, s, __ldg(reinterpret_cast<const float4*>(qr) + j), half * (kD / 2) + 4 * j, r0);
       m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
@@ -301,10 +304,10 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
       e = max(-100, min(100, 15 - ex));
     }
     __half* dst = qs + h * kQRow;
-#pragma unroll
+#pragma unroll 8  // not 16: with rope_q4's loads a full unroll spilled 28 bytes on sm_90a (ptxas -v)
     for (int j = 0; j < kD / 8; ++j) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(qr) + j);
       const int p = half * (kD / 2) + 4 * j;  // dims p .. p+3: thread column cc, k-step ks
+      const float4 v = rope_q4(a, s, __ldg(reinterpret_cast<const float4*>(qr) + j), p, r0);
       const int cc = p >> 5, ks = (p & 31) >> 2;
       *reinterpret_cast<__half2*>(dst + 16 * ks + 2 * cc) = __floats2half2_rn(ldexpf(v.x, e), ldexpf(v.y, e));
       *reinterpret_cast<__half2*>(dst + 16 * ks + 8 + 2 * cc) = __floats2half2_rn(ldexpf(v.z, e), ldexpf(v.w, e));
@@ -479,6 +482,8 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
          a.block_size);
   if (a.score_stride < a.n_keys) fail("cuda::indexer_scores_fp8: score stride ", a.score_stride, " < ", a.n_keys);
   if (reinterpret_cast<uintptr_t>(a.q) % 16) fail("cuda::indexer_scores_fp8: q must be 16-byte aligned");
+  if (a.rope_cs != nullptr && (a.rope_n_freq < 1 || a.rope_n_freq > kD / 2))
+    fail("cuda::indexer_scores_fp8: rope_cs needs 1 <= rope_n_freq <= ", kD / 2, " (got ", a.rope_n_freq, ")");
   if (a.fp8_q) {
     idx::launch_fp8_q(a, stream);
     return;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/rope.cuh"
 
 namespace dsv4::cuda::idx {
 
@@ -20,6 +21,29 @@ __device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, i
     r = (a.key_offset != nullptr ? __ldg(a.key_offset + s) : 0) + t;
   }
   return a.keys + r * a.row_bytes;
+}
+
+// IndexerArgs::rope_cs: dims d .. d + 3 (d % 4 == 0) of one head of query s's q, rotated where they fall in the
+// RoPE block (dims r0 .. 127, r0 = 128 - 2 n_freq, even) with rope.cuh's rope_apply: the bits of rope_rotate.
+// r0 = 128 (no rope_cs) leaves v as it is.
+__device__ __forceinline__ float4 rope_q4(const IndexerArgs& a, int s, float4 v, int d, int r0) {
+  const float2* cs = a.rope_cs + static_cast<int64_t>(s) * a.rope_n_freq;
+  if (d >= r0) {
+    const float2 lo = rope_apply(v.x, v.y, __ldg(cs + ((d - r0) >> 1)));
+    v.x = lo.x;
+    v.y = lo.y;
+  }
+  if (d + 2 >= r0) {
+    const float2 hi = rope_apply(v.z, v.w, __ldg(cs + ((d + 2 - r0) >> 1)));
+    v.z = hi.x;
+    v.w = hi.y;
+  }
+  return v;
+}
+
+// The first rotated dim: 128 - 2 rope_n_freq with rope_cs, else 128 (nothing rotated).
+__device__ __forceinline__ int rope_r0(const IndexerArgs& a) {
+  return a.rope_cs != nullptr ? kIndexerDim - 2 * a.rope_n_freq : kIndexerDim;
 }
 
 using ptx::cp_async;  // the wgmma kernel and the streaming kernel copy with it

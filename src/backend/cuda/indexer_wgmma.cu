@@ -167,8 +167,9 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
       }
     }
 
-    if (first) {  // q -> e4m3 codes (swizzled rows n = 64 qi + h) and w' = w 2^e; kTpr threads per head row
+    if (first) {  // q (rotated with rope_cs) -> e4m3 codes (swizzled rows n = 64 qi + h) and w' = w 2^e
       first = false;
+      const int r0 = rope_r0(a);
       constexpr int kTpr = kThreads / C::kN >= 4 ? 4 : 2;  // kQ = 1: 4 (both warpgroups); kQ = 4: 2
       constexpr int kF4 = kD / 4 / kTpr;                    // float4 per thread, held in registers (one load)
       for (int r = tid / kTpr; r < C::kN; r += kThreads / kTpr) {
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, kQ == 1 ? 2 : 1) indexer_wgmma_kerne
         float m = 0.f;
 #pragma unroll
         for (int j = 0; j < kF4; ++j) {
-          v[j] = __ldg(qr + j);
+          v[j] = rope_q4(a, s0 + (valid ? qi : 0), __ldg(qr + j), part * (kD / kTpr) + 4 * j, r0);
           m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
         }
 #pragma unroll

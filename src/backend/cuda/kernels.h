@@ -112,6 +112,12 @@ void sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 enum class IndexerKeyFormat { kFP8, kMXFP4 };
 struct IndexerArgs {
   const float* q = nullptr;   // [n_queries, 64, 128], 16-byte aligned
+  // Optional RoPE of q, applied as the kernels load it (no launch of its own): with rope_cs set, the last
+  // 2 * rope_n_freq dims of every head are rotated in pairs (2i, 2i + 1) of that block by the factors
+  // rope_cs[query * rope_n_freq + i] = (cos, sin) of the query's angle i (glue::rope_table: the same bits as
+  // glue::heads_norm_rope without the norm, rope.cuh). 1 <= rope_n_freq <= 64. nullptr: q is used as given.
+  const float2* rope_cs = nullptr;
+  int rope_n_freq = 0;
   const float* w = nullptr;   // [n_queries, 64] head weights
   // Multiplies each head weight as it is loaded (fp32, one rounding: the engine's 1/sqrt(heads), the same
   // product as the CPU path's iw *= ws, so no scaling launch of its own).

@@ -7,11 +7,19 @@
 
 namespace dsv4::cuda {
 
-__device__ __forceinline__ float2 rope_rotate(float a, float b, int64_t p, float inv_freq, bool inverse) {
+// (cos, sin) of the angle p * inv_freq, or (cos, -sin) for the inverse rotation: the factors rope_rotate uses,
+// for kernels that compute them once per position and rotate many heads' pairs with rope_apply.
+__device__ __forceinline__ float2 rope_cos_sin(int64_t p, float inv_freq, bool inverse) {
   const float angle = __fmul_rn(static_cast<float>(p), inv_freq);
-  const float c = cosf(angle);
-  const float s = inverse ? -sinf(angle) : sinf(angle);
-  return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+  return make_float2(cosf(angle), inverse ? -sinf(angle) : sinf(angle));
+}
+
+__device__ __forceinline__ float2 rope_apply(float a, float b, float2 cs) {
+  return make_float2(__fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y)), __fadd_rn(__fmul_rn(b, cs.x), __fmul_rn(a, cs.y)));
+}
+
+__device__ __forceinline__ float2 rope_rotate(float a, float b, int64_t p, float inv_freq, bool inverse) {
+  return rope_apply(a, b, rope_cos_sin(p, inv_freq, inverse));
 }
 
 }  // namespace dsv4::cuda

@@ -55,10 +55,14 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
 // - In the engine's decode step (the indexer's top-k: one row per sequence, context bucket / 4 columns, about half
 //   of them valid, on the side stream next to the main stream's kernels) runs 77-78 found streamed faster at 4K
 //   and 32K columns and resident at 64K, but those rows timed a graph capture inside their loop (bench_gpu_forward's
-//   single warm-up step, fixed in run 126), which moved them by 0.2-0.8 ms. Without it, at context 65,539 (32K
-//   columns) resident takes 7.300 ms per step against 7.359-7.391 streamed (run 131, one process against two), so
-//   32K columns take the resident kernel; 4K columns take topk_small (run 126); 16K columns (contexts 32K-64K)
-//   stay streamed below 16 rows until an engine A/B says otherwise.
+//   single warm-up step, fixed in run 126), which moved them by 0.2-0.8 ms. 4K columns take topk_small (run 126).
+//   The bench's rows had fewer columns than their contexts suggest: its max_model_len (longest row + 24) caps the
+//   bucket, so context 65,539 has 16,390 columns, all but 6 valid. There (run 132, two processes each) resident
+//   takes 7.268-7.300 ms per step against 7.326-7.340 streamed, but at context 32,771 (16,384 columns, half of
+//   them valid) 7.266-7.268 against 7.163-7.175: the resident kernel's cost follows the columns, the streaming
+//   kernel's the valid length, which is 1/2 to 1 of a power-of-two bucket in a server. So 16K columns stay
+//   streamed; 32K columns (contexts 64K-128K under a larger max_model_len) take the resident kernel, a choice
+//   made on run 131's 16,390-column row and not yet measured at 32K (bench --max-model-len).
 // - From 16 rows of 16K-32K the resident kernel is about 2x faster alone (64 x 16K 12.9 against 28.0 us, 64 x 32K
 //   26.9 against 49.1; run 80), so it keeps those shapes (not yet measured in the engine: batch 16-64 decode at
 //   64K-128K context).

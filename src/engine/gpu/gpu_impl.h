@@ -60,6 +60,9 @@ struct Scratch {
   // h and res: the hyper-connection streams [cap, hc_mult, hidden], used in turn (GpuModel::Impl::h_cur).
   float *h, *res, *x, *y, *post, *comb, *qr, *qkv, *q, *kv, *ckv, *cg, *ick, *icg, *iq, *iw, *scores, *o, *z, *router,
       *wts, *shg, *shu, *shh, *hexact, *logits;
+  // (cos, sin) of each token's compressed-RoPE angles [cap, n_freq] (glue::rope_table), written at the step's
+  // start for the CSA indexers' q when GpuOptions::index_rope_in_scores (else null).
+  float2* rope_cs = nullptr;
   uint16_t* xb;             // 16-bit activations of the linear at hand (bf16, or f16: GpuOptions::f16_activations)
   // Buffers only steps of <= 64 tokens use (the side streams, f16 activations and the grouped GEMV run only
   // there) hold small_cap = min(cap, 64) rows; GpuModel::Impl::require_small_step guards them.

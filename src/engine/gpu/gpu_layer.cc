@@ -160,14 +160,22 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   const bool topk_slots = kind == AttnKind::kCSA && opt.topk_writes_slots;  // GpuOptions::topk_writes_slots
   auto index_from_q = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
-    glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
+    const bool fp8_keys = st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim;
+    // GpuOptions::index_rope_in_scores: the FP8 scores kernels rotate q as they load it, with the step's factors
+    // (run_step; they are for freq_comp, which every compressed layer's RoPE uses).
+    const bool rope_in_scores = fp8_keys && s.rope_cs != nullptr && freq == freq_comp;
+    if (!rope_in_scores) glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     mark(li, "index.q");
     const int64_t n_cols = meta.n_cols4();
     const int32_t* vis = meta.dev(StepMeta::kVis4);
-    if (st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim) {
+    if (fp8_keys) {
       // FP8 keys: the tensor-core indexer, one launch for the step (per-query key offsets on the device).
       cuda::IndexerArgs ia;
       ia.q = s.iq;
+      if (rope_in_scores) {
+        ia.rope_cs = s.rope_cs;
+        ia.rope_n_freq = n_freq;
+      }
       ia.w = s.iw;
       ia.w_scale = index_w_scale;
       ia.keys = P.index_keys;
@@ -495,6 +503,8 @@ void GpuModel::Impl::run_step(int T) {
   h_cur = s.h;  // every step starts here, so a captured step replays the same buffer sequence
   pending_res = nullptr;
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, h_cur, stream);
+  // The CSA indexers' RoPE factors, once for the step's 21 (V4-Flash) CSA layers (GpuOptions::index_rope_in_scores).
+  if (s.rope_cs) glue::rope_table(meta.dev(StepMeta::kPos), T, freq_comp, n_freq, s.rope_cs, stream);
   mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);
   cuda::HcArgs a;

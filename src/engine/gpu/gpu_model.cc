@@ -82,6 +82,10 @@ void GpuModel::Impl::alloc_scratch() {
   s.icg = f(T * 2 * Id);
   s.iq = f(T * IH * Id);
   s.iw = f(T * IH);
+  bool any_csa = false;
+  for (int i = 0; i < c->num_hidden_layers; ++i) any_csa |= c->attn_kind(i) == AttnKind::kCSA;
+  if (any_csa && opt.index_rope_in_scores && n_freq >= 1 && n_freq <= 64)
+    s.rope_cs = static_cast<float2*>(dalloc(sizeof(float2) * T * n_freq));
   s.score_cols = std::max<int64_t>(1, opt.max_model_len / 4);
   s.scores = f(T * s.score_cols);
   s.o = f(T * H * hd);

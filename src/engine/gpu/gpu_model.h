@@ -98,6 +98,13 @@ struct GpuOptions {
   // remains between the top-k and the join on the indexer's stream (the critical one: --timeline). Same results,
   // bit for bit. Off: the top-k writes s.sel and the slot-list kernel maps it after the top-k.
   bool topk_writes_slots = true;
+  // CSA layers with FP8 index keys: the index q's RoPE is applied by the scores kernel as it loads q
+  // (cuda::IndexerArgs::rope_cs, with factors computed once per step), one launch fewer per CSA layer on the
+  // indexer's stream, the critical one. Same results, bit for bit. Run 133 (H200, alternating processes): batch 1
+  // 6.780-6.785 / 7.041-7.057 / 7.378-7.385 ms at contexts 259 / 8K / 64K against 6.784-6.794 / 7.063-7.072 /
+  // 7.410-7.418 off, batch 16 28.66-28.69 against 28.74-28.78, prefill 8K / 64K +0.6-0.7%. Off: glue::heads_norm_rope
+  // rotates q in place first.
+  bool index_rope_in_scores = true;
   // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
   // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
   // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8

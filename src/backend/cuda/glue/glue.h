@@ -54,6 +54,9 @@ void rmsnorm_rows(const float* x, int64_t ldx, const float* w, int rows, int64_t
 void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, const float* inv_freq, int n_freq,
                      bool norm, float eps, bool inverse, cudaStream_t stream, uint16_t* xb = nullptr,
                      bool f16 = false);
+// out[t * n_freq + i] = (cos, sin) of the angle pos[t] * inv_freq[i] (rope.cuh's rope_cos_sin, the factors
+// heads_norm_rope rotates with), for kernels that rotate as they load (cuda::IndexerArgs::rope_cs).
+void rope_table(const int64_t* pos, int T, const float* inv_freq, int n_freq, float2* out, cudaStream_t stream);
 // Tests: heads_norm_rope on its generic kernel for every shape (the default takes a kernel that holds a
 // float4 per thread where the shape allows; both give the same bits, which the glue test checks).
 void set_heads_norm_rope_generic(bool on);

@@ -243,6 +243,14 @@ __global__ void __launch_bounds__(kHeadThreads) heads_norm_rope4_kernel(float* x
   }
 }
 
+// One thread per (token, angle).
+__global__ void rope_table_kernel(const int64_t* pos, int T, const float* inv_freq, int n_freq, float2* out) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(T) * n_freq) return;
+  out[i] = cuda::rope_cos_sin(pos[i / n_freq], inv_freq[i % n_freq], false);
+}
+
 // One block per token. fp8: one warp per scale block (amax over the block, floored at 1e-4).
 __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
                                  int64_t row_bytes, const int64_t* row_index) {
@@ -303,6 +311,14 @@ void heads_norm_rope(float* x, int T, int heads, int dim, const int64_t* pos, co
   cuda::check(cuda::launch(heads_norm_rope_kernel, dim3(T * heads), dim3(128), 0, stream, x, heads, dim, pos,
                            inv_freq, n_freq, norm, eps, inverse, xb, f16),
               "heads_norm_rope_kernel launch");
+}
+
+void rope_table(const int64_t* pos, int T, const float* inv_freq, int n_freq, float2* out, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(T) * n_freq;
+  if (n <= 0) return;
+  cuda::check(cuda::launch(rope_table_kernel, dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, stream, pos,
+                           T, inv_freq, n_freq, out),
+              "rope_table_kernel launch");
 }
 
 void kv_encode(const float* x, int T, int dim, int fmt, int rope_dim, int scale_block, uint8_t* pool,
