@@ -23,8 +23,8 @@ struct Case {
 };
 
 // The kernels behind cuda::topk_rows for rows longer than k, selected per call by DSV4_TOPK_KERNEL ("resident"
-// applies to rows of at most 64K entries, "small" to rows of at most 16384: CTAs of 256 threads up to 4096, of
-// 1024 above; other rows take the streaming kernel or the default choice).
+// applies to rows of at most 64K entries, "small" to rows of at most 4096; other rows take the streaming kernel
+// or the default choice).
 const char* const kKernels[] = {"stream", "resident", "small"};
 // Sets DSV4_TOPK_KERNEL for its lifetime.
 struct KernelChoice {

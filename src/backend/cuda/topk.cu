@@ -83,16 +83,11 @@ bool use_resident(int64_t cols, int rows) {
 // 6.2-6.9 us for 1-64 rows of 2K-4K entries against 7.8-12.4 streamed and 9.2-10.6 resident; in the engine
 // (run 126) the batch-1 step at context 8,195 takes 7.063-7.085 ms against 7.138-7.152 streamed, and prefill at
 // 8K-16K moved by less than its noise.
-// Its wide variant (CTAs of 1024 threads) takes rows of 4096 < cols <= 16384 (decode at contexts 16K-64K) when
-// there are at most kSmallWideRows of them (decode batches; a prefill chunk's rows stream).
-// DSV4_TOPK_KERNEL=stream / resident forces those (read per call), =small forces this kernel up to 16384 columns.
-constexpr int kSmallWideRows = 64;
-bool use_small(int64_t cols, int rows) {
-  if (cols > kSmallWideCols) return false;
+// DSV4_TOPK_KERNEL=stream / resident forces those (read per call), =small keeps this choice.
+bool use_small(int64_t cols) {
+  if (cols > kSmallCols) return false;
   const char* e = std::getenv("DSV4_TOPK_KERNEL");
-  if (e && (std::strcmp(e, "stream") == 0 || std::strcmp(e, "resident") == 0)) return false;
-  if (e && std::strcmp(e, "small") == 0) return true;
-  return cols <= kSmallCols || rows <= kSmallWideRows;
+  return !(e && (std::strcmp(e, "stream") == 0 || std::strcmp(e, "resident") == 0));
 }
 
 }  // namespace
@@ -115,7 +110,7 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
           "topk_short_kernel launch");
     return;
   }
-  if (use_small(cols, rows))
+  if (use_small(cols))
     check(launch_topk_small(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream),
           "topk_small_kernel launch");
   else if (use_resident(cols, rows))

@@ -25,8 +25,6 @@ constexpr int kBinShift = 21;                    // bin = key >> 21
 constexpr int kMaxCluster = 8;                   // the portable cluster size (sm_90, sm_12x)
 constexpr int kResidentTile = 8192;              // topk_resident: elements per CTA, held in registers
 constexpr int kSmallCols = 4096;                 // topk_small: the longest row (16 keys per thread)
-constexpr int kSmallWideThreads = 1024;          // topk_small's wide variant: CTAs of 1024 threads,
-constexpr int kSmallWideCols = 16384;            //   rows up to 16K entries (16 keys per thread)
 
 __device__ __forceinline__ uint32_t to_key(float x) {
   if (x != x || x == -INFINITY) return 0u;
@@ -107,7 +105,7 @@ __device__ __forceinline__ RowChunk row_chunk(const cg::cluster_group& cluster, 
 // Register-resident rows: cols <= kMaxCluster * kResidentTile.
 cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
                                  int rows, int k, OutMap out, cudaStream_t stream);
-// One CTA per row, no cluster: cols <= kSmallWideCols (CTAs of 256 threads up to kSmallCols, else 1024).
+// One CTA per row, no cluster: cols <= kSmallCols.
 cudaError_t launch_topk_small(const float* scores, int64_t row_stride, int cols, const int32_t* lengths, int rows,
                               int k, OutMap out, cudaStream_t stream);
 // Any row length.

@@ -15,22 +15,18 @@
 namespace dsv4::cuda::topk_detail {
 namespace {
 
-constexpr int kSmallPer = 16;  // keys per thread: kT x 16 = the longest row of the kT-thread kernel
-static_assert(kSmallPer * kThreads == kSmallCols && kSmallPer * kSmallWideThreads == kSmallWideCols,
-              "whole runs per thread");
+constexpr int kSmallPer = kSmallCols / kThreads;  // 16 keys per thread
+static_assert(kSmallPer * kThreads == kSmallCols, "whole runs per thread");
 constexpr int kDigitBits = 8, kDigits = 1 << kDigitBits;
+static_assert(kDigits == kThreads, "one histogram bin per thread");
+using ScanU32 = cub::BlockScan<uint32_t, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
-// kT threads (256: rows of <= kSmallCols; 1024: <= kSmallWideCols). Thread t < 256 owns histogram bin t.
-template <int kT>
-__global__ void __launch_bounds__(kT) topk_small_kernel(const float* __restrict__ scores, int64_t row_stride,
-                                                       int cols, const int32_t* __restrict__ lengths, int k,
-                                                       OutMap out) {
-  static_assert(kT >= kDigits && kSmallPer * kT < (1 << 16), "a bin per thread; counts fit 16 bits");
-  using ScanI = cub::BlockScan<int, kT, cub::BLOCK_SCAN_WARP_SCANS>;
-  using ScanU32 = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
+__global__ void __launch_bounds__(kThreads) topk_small_kernel(const float* __restrict__ scores, int64_t row_stride,
+                                                             int cols, const int32_t* __restrict__ lengths, int k,
+                                                             OutMap out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ union {
-    typename ScanI::TempStorage i;
+    typename ScanInt::TempStorage i;
     typename ScanU32::TempStorage u;
   } scan;
   __shared__ int hist[kDigits];
@@ -42,9 +38,8 @@ __global__ void __launch_bounds__(kT) topk_small_kernel(const float* __restrict_
   const int b = tid * kSmallPer;
   uint32_t key[kSmallPer];
   const int valid = load_run(row, n, b, key);  // key 0: invalid (NaN, -inf, past the length)
-  const bool has_bin = kT == kDigits || tid < kDigits;
   int unused, n_valid;
-  ScanI(scan.i).ExclusiveSum(valid, unused, n_valid);
+  ScanInt(scan.i).ExclusiveSum(valid, unused, n_valid);
 
   // x is selected iff key(x) > T, or key(x) == T and fewer than `ties` equal keys precede it. With at most k
   // valid entries every one is selected (T = 0, ties = 0: key 0 is never selected).
@@ -54,7 +49,7 @@ __global__ void __launch_bounds__(kT) topk_small_kernel(const float* __restrict_
     uint32_t prefix = 0, mask = 0;  // the digits fixed so far
     int need = k;                   // entries still to take among those matching prefix under mask
     for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
-      if (has_bin) hist[tid] = 0;
+      hist[tid] = 0;
       __syncthreads();  // also orders this round's scan after the previous one
 #pragma unroll
       for (int e = 0; e < kSmallPer; ++e)
@@ -62,10 +57,10 @@ __global__ void __launch_bounds__(kT) topk_small_kernel(const float* __restrict_
       __syncthreads();
       // Thread t holds digit 255 - t, so the exclusive sum counts the entries of higher digits: the digit
       // where it first reaches `need` holds the k-th largest key. Exactly one thread sees that.
-      const int digit = kDigits - 1 - tid, h = has_bin ? hist[digit] : 0;
+      const int digit = kDigits - 1 - tid, h = hist[digit];
       int above, in_all_digits;
-      ScanI(scan.i).ExclusiveSum(h, above, in_all_digits);
-      if (has_bin && above < need && need <= above + h) {
+      ScanInt(scan.i).ExclusiveSum(h, above, in_all_digits);
+      if (above < need && need <= above + h) {
         s_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
         s_need = need - above;
         s_count = h;
@@ -83,7 +78,7 @@ __global__ void __launch_bounds__(kT) topk_small_kernel(const float* __restrict_
   }
 
   // Output slots: the entries > T before this thread's run plus the first `ties` equal ones, counted together
-  // in one scan (both counts <= kSmallWideCols fit 16 bits).
+  // in one scan (both counts <= 4096 fit 16 bits).
   int gt = 0, eq = 0;
 #pragma unroll
   for (int e = 0; e < kSmallPer; ++e) {
@@ -106,18 +101,15 @@ __global__ void __launch_bounds__(kT) topk_small_kernel(const float* __restrict_
       ++eq_seen;
     }
   }
-  for (int i = total + tid; i < k; i += kT) orow.none(i);
+  for (int i = total + tid; i < k; i += kThreads) orow.none(i);
 }
 
 }  // namespace
 
 cudaError_t launch_topk_small(const float* scores, int64_t row_stride, int cols, const int32_t* lengths, int rows,
                               int k, OutMap out, cudaStream_t stream) {
-  if (cols <= kSmallCols)
-    return launch(topk_small_kernel<kThreads>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores,
-                  row_stride, cols, lengths, k, out);
-  return launch(topk_small_kernel<kSmallWideThreads>, dim3(static_cast<unsigned>(rows)), dim3(kSmallWideThreads), 0,
-                stream, scores, row_stride, cols, lengths, k, out);
+  return launch(topk_small_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores, row_stride,
+                cols, lengths, k, out);
 }
 
 }  // namespace dsv4::cuda::topk_detail
