@@ -61,8 +61,11 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
 //   takes 7.268-7.300 ms per step against 7.326-7.340 streamed, but at context 32,771 (16,384 columns, half of
 //   them valid) 7.266-7.268 against 7.163-7.175: the resident kernel's cost follows the columns, the streaming
 //   kernel's the valid length, which is 1/2 to 1 of a power-of-two bucket in a server. So 16K columns stay
-//   streamed; 32K columns (contexts 64K-128K under a larger max_model_len) take the resident kernel, a choice
-//   made on run 131's 16,390-column row and not yet measured at 32K (bench --max-model-len).
+//   streamed; 32K columns (contexts 64K-128K under a larger max_model_len) take the resident kernel: with
+//   --max-model-len 262144 (run 134, two processes each) 7.345-7.349 ms against 7.391-7.417 streamed at context
+//   65,539 (32,768 columns, half valid) and 7.356-7.358 against 7.422-7.478 at 98,307 (three quarters valid).
+// - A one-CTA kernel for 8K-16K columns (topk_small in CTAs of 1024 threads) was slower than both (run 134: 1 x 8K
+//   13.0 us, 1 x 16K 14.7) and was removed.
 // - From 16 rows of 16K-32K the resident kernel is about 2x faster alone (64 x 16K 12.9 against 28.0 us, 64 x 32K
 //   26.9 against 49.1; run 80), so it keeps those shapes (not yet measured in the engine: batch 16-64 decode at
 //   64K-128K context).
