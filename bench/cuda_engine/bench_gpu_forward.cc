@@ -10,7 +10,7 @@
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
-//                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch]
+//                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch] [--index-gemv-on-main]
 //                     [--max-model-len N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
@@ -43,6 +43,7 @@
 // --topk-index-list: GpuOptions::topk_writes_slots off (the top-k writes its index list, the slot-list kernel maps
 //   it after the top-k on the indexer's stream).
 // --index-rope-launch: GpuOptions::index_rope_in_scores off (the index q rotated by its own launch first).
+// --index-gemv-on-main: GpuOptions::index_gemv_on_main on (the index wq_b GEMV on the main stream before wq_b).
 // --timeline: GpuOptions::branch_timeline (timing events at each attention join in the graphs): after the batch-1
 //   and the prefill rows, how long the main stream waited for the indexer's and the compressor's streams.
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
@@ -163,15 +164,22 @@ void print_timeline(const gpu::GpuModel& m, int context) {
       return b;
     }
   };
-  Acc csa_index, csa_comp, hca_comp;
+  Acc csa_index, csa_comp, hca_comp, igemv, iscores, itopk, wqb, qdone, join;
   for (size_t li = 0; li < t.size(); ++li) {
     const AttnKind k = m.config().attn_kind(static_cast<int>(li));
-    if (k == AttnKind::kCSA) csa_index.add(t[li].indexer_us), csa_comp.add(t[li].compressor_us);
+    if (k == AttnKind::kCSA) {
+      csa_index.add(t[li].indexer_us), csa_comp.add(t[li].compressor_us);
+      igemv.add(t[li].index_gemv_us), iscores.add(t[li].index_scores_us), itopk.add(t[li].index_topk_us);
+      wqb.add(t[li].main_wqb_us), qdone.add(t[li].main_q_us), join.add(t[li].main_join_us);
+    }
     if (k == AttnKind::kHCA) hca_comp.add(t[li].compressor_us);
   }
   std::printf("branch timeline, context %d, us after the main stream reached the attention join (> 0: it waited): "
               "CSA indexer %s, CSA compressor %s, HCA compressor %s\n", context, csa_index.str().c_str(),
               csa_comp.str().c_str(), hca_comp.str().c_str());
+  std::printf("  CSA q path, us after q_norm ended: indexer's stream: wq_b GEMV %s, scores %s, top-k %s; main stream: "
+              "wq_b GEMV %s, heads norm/RoPE %s, at the join %s\n", igemv.str().c_str(), iscores.str().c_str(),
+              itopk.str().c_str(), wqb.str().c_str(), qdone.str().c_str(), join.str().c_str());
 }
 
 }  // namespace
@@ -183,7 +191,8 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
-  bool timeline = false, topk_slots = defaults.topk_writes_slots, index_rope = defaults.index_rope_in_scores;
+  bool timeline = false, topk_slots = defaults.topk_writes_slots, index_rope = defaults.index_rope_in_scores,
+       index_gemv_main = defaults.index_gemv_on_main;
   gpu::GpuOptions::PriorityStream priority_stream = defaults.priority_stream;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
@@ -232,6 +241,7 @@ int main(int argc, char** argv) {
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--timeline") timeline = true;
     else if (a == "--index-rope-launch") index_rope = false;
+    else if (a == "--index-gemv-on-main") index_gemv_main = true;
     else if (a == "--topk-index-list") topk_slots = false;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
@@ -286,6 +296,7 @@ int main(int argc, char** argv) {
     o.branch_timeline = timeline;
     o.topk_writes_slots = topk_slots;
     o.index_rope_in_scores = index_rope;
+    o.index_gemv_on_main = index_gemv_main;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

@@ -140,9 +140,14 @@ struct GpuModel::Impl {
   // profile_layers: an event per mark(name) of the step, in order; prof_n of them used by the last step.
   std::vector<std::pair<std::string, cudaEvent_t>> prof;
   size_t prof_n = 0;
-  // branch_timeline: per layer kTimelinePoints timing events (main at the join, indexer done, compressor done)
-  // and whether each was recorded (by a capture or an eager step; a replay records the same ones again).
-  enum TimelinePoint { kMainAtJoin, kIndexerDone, kCompressorDone, kTimelinePoints };
+  // branch_timeline: per layer kTimelinePoints timing events (main at the join, indexer done, compressor done;
+  // CSA layers also: q_norm done, and after it the index wq_b GEMV, the scores, the main wq_b GEMV and its heads
+  // norm/RoPE done) and whether each was recorded (by a capture or an eager step; a replay records the same ones
+  // again).
+  enum TimelinePoint {
+    kMainAtJoin, kIndexerDone, kCompressorDone, kQNormDone, kIndexGemvDone, kIndexScoresDone, kMainWqbDone,
+    kMainQDone, kTimelinePoints
+  };
   std::vector<cudaEvent_t> timeline;
   std::vector<uint8_t> timeline_set;
   void timeline_record(int layer, TimelinePoint point, cudaStream_t on);

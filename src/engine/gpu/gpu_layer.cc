@@ -158,8 +158,17 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
   const int n_slots = W + extra;
   const bool topk_slots = kind == AttnKind::kCSA && opt.topk_writes_slots;  // GpuOptions::topk_writes_slots
-  auto index_from_q = [&](Act16 qrb) {
+  // branch_timeline's points inside the q path (CSA layers with the indexer on its own stream only).
+  const bool csa_par = kind == AttnKind::kCSA && overlap(T);
+  auto q_point = [&](TimelinePoint p) {
+    if (csa_par) timeline_record(li, p, stream);
+  };
+  auto index_gemv = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
+    q_point(kIndexGemvDone);
+  };
+  auto index_from_q = [&](Act16 qrb, bool gemv_done) {
+    if (!gemv_done) index_gemv(qrb);
     const bool fp8_keys = st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim;
     // GpuOptions::index_rope_in_scores: the FP8 scores kernels rotate q as they load it, with the step's factors
     // (run_step; they are for freq_comp, which every compressed layer's RoPE uses).
@@ -194,6 +203,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
       glue::indexer_scores(s.iq, s.iw, index_w_scale, T, IH, Id, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
                            st->fmt_code, meta.dev(StepMeta::kKeyBase), vis, s.scores, n_cols, stream);
     }
+    q_point(kIndexScoresDone);
     mark(li, "index.scores");
     if (topk_slots) {  // the selected pool rows base + ring + index, after the W window rows of each slot list
       cuda::TopkOutput place;
@@ -272,14 +282,20 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   // The 16-bit copy for wq_b and index wq_b, written here.
   const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
   glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p), qrb.f16);
+  q_point(kQNormDone);
+  // GpuOptions::index_gemv_on_main: the index wq_b GEMV before the main one, on the main stream.
+  const bool index_gemv_main = par && opt.index_gemv_on_main;
+  if (index_gemv_main) index_gemv(qrb);
   if (par) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
-    index_from_q(qrb);
+    index_from_q(qrb, index_gemv_main);
     if (opt.slots_on_branches && !topk_slots) slot_lists();  // after the top-k it reads; joined with the indexer
   }
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
+  q_point(kMainWqbDone);
   glue::heads_norm_rope(s.q, T, static_cast<int>(H), static_cast<int>(hd), pos, freq, n_freq, true, eps, false, stream);
+  q_point(kMainQDone);
   mark(li, "q");
 
   if (!qkv_stacked) lin(L.wkv, s.x, D, T, s.kv, hd, xb);
@@ -291,7 +307,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
 
   if (csa && !par) {
     index_from_x();
-    index_from_q(qrb);
+    index_from_q(qrb, false);
   }
   if (par || par_comp) timeline_record(li, kMainAtJoin, stream);  // branch_timeline only
   if (par) {

@@ -390,7 +390,16 @@ std::vector<GpuModel::BranchTiming> GpuModel::branch_timeline() const {
       cuda::check(cudaEventElapsedTime(&ms, im.timeline[b + Impl::kMainAtJoin], im.timeline[b + point]), "timeline");
       return 1e3f * ms;
     };
-    out.push_back({after_main(Impl::kIndexerDone), after_main(Impl::kCompressorDone)});
+    const auto after_qnorm = [&](int point) {
+      if (!im.timeline_set[b + Impl::kQNormDone] || !im.timeline_set[b + point]) return nan;
+      float ms = 0;
+      cuda::check(cudaEventElapsedTime(&ms, im.timeline[b + Impl::kQNormDone], im.timeline[b + point]), "timeline");
+      return 1e3f * ms;
+    };
+    out.push_back({after_main(Impl::kIndexerDone), after_main(Impl::kCompressorDone),
+                   after_qnorm(Impl::kIndexGemvDone), after_qnorm(Impl::kIndexScoresDone),
+                   after_qnorm(Impl::kIndexerDone), after_qnorm(Impl::kMainWqbDone), after_qnorm(Impl::kMainQDone),
+                   after_qnorm(Impl::kMainAtJoin)});
   }
   return out;
 }
