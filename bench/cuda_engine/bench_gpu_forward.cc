@@ -10,7 +10,7 @@
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
-//                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch] [--index-gemv-on-main]
+//                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch]
 //                     [--max-model-len N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
@@ -43,7 +43,6 @@
 // --topk-index-list: GpuOptions::topk_writes_slots off (the top-k writes its index list, the slot-list kernel maps
 //   it after the top-k on the indexer's stream).
 // --index-rope-launch: GpuOptions::index_rope_in_scores off (the index q rotated by its own launch first).
-// --index-gemv-on-main: GpuOptions::index_gemv_on_main on (the index wq_b GEMV on the main stream before wq_b).
 // --timeline: GpuOptions::branch_timeline (timing events at each attention join in the graphs): after the batch-1
 //   and the prefill rows, how long the main stream waited for the indexer's and the compressor's streams.
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
@@ -191,8 +190,7 @@ int main(int argc, char** argv) {
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
-  bool timeline = false, topk_slots = defaults.topk_writes_slots, index_rope = defaults.index_rope_in_scores,
-       index_gemv_main = defaults.index_gemv_on_main;
+  bool timeline = false, topk_slots = defaults.topk_writes_slots, index_rope = defaults.index_rope_in_scores;
   gpu::GpuOptions::PriorityStream priority_stream = defaults.priority_stream;
   bool gemm_f32_linears = true, moe_prefill_f16 = true;
   std::vector<int> prefills = {8192};
@@ -241,7 +239,6 @@ int main(int argc, char** argv) {
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--timeline") timeline = true;
     else if (a == "--index-rope-launch") index_rope = false;
-    else if (a == "--index-gemv-on-main") index_gemv_main = true;
     else if (a == "--topk-index-list") topk_slots = false;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
@@ -296,7 +293,6 @@ int main(int argc, char** argv) {
     o.branch_timeline = timeline;
     o.topk_writes_slots = topk_slots;
     o.index_rope_in_scores = index_rope;
-    o.index_gemv_on_main = index_gemv_main;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     const double t_load = now_s();

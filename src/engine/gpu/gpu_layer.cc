@@ -163,12 +163,9 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   auto q_point = [&](TimelinePoint p) {
     if (csa_par) timeline_record(li, p, stream);
   };
-  auto index_gemv = [&](Act16 qrb) {
+  auto index_from_q = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
     q_point(kIndexGemvDone);
-  };
-  auto index_from_q = [&](Act16 qrb, bool gemv_done) {
-    if (!gemv_done) index_gemv(qrb);
     const bool fp8_keys = st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim;
     // GpuOptions::index_rope_in_scores: the FP8 scores kernels rotate q as they load it, with the step's factors
     // (run_step; they are for freq_comp, which every compressed layer's RoPE uses).
@@ -283,13 +280,13 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   const Act16 qrb{opt.exact_linear ? nullptr : s.xbq, h16_all(T, {&L.wq_b, csa ? &L.index_wq_b : nullptr})};
   glue::rmsnorm_rows(qr_in, qr_ld, L.q_norm, T, qlr, eps, s.qr, qlr, stream, const_cast<uint16_t*>(qrb.p), qrb.f16);
   q_point(kQNormDone);
-  // GpuOptions::index_gemv_on_main: the index wq_b GEMV before the main one, on the main stream.
-  const bool index_gemv_main = par && opt.index_gemv_on_main;
-  if (index_gemv_main) index_gemv(qrb);
+  // The index wq_b GEMV stays on the indexer's stream: run on the main stream before wq_b instead, the step took
+  // 0.02-0.09 ms longer at every context and batch 16 (run 136), though --timeline showed it ending only ~2 us
+  // after the main wq_b GEMV on its own stream.
   if (par) {
     hand_over(stream, side, ev_mid);
     OnSide on(*this);
-    index_from_q(qrb, index_gemv_main);
+    index_from_q(qrb);
     if (opt.slots_on_branches && !topk_slots) slot_lists();  // after the top-k it reads; joined with the indexer
   }
   lin(L.wq_b, s.qr, qlr, T, s.q, H * hd, qrb);
@@ -307,7 +304,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
 
   if (csa && !par) {
     index_from_x();
-    index_from_q(qrb, false);
+    index_from_q(qrb);
   }
   if (par || par_comp) timeline_record(li, kMainAtJoin, stream);  // branch_timeline only
   if (par) {

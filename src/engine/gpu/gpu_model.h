@@ -105,12 +105,6 @@ struct GpuOptions {
   // 7.410-7.418 off, batch 16 28.66-28.69 against 28.74-28.78, prefill 8K / 64K +0.6-0.7%. Off: glue::heads_norm_rope
   // rotates q in place first.
   bool index_rope_in_scores = true;
-  // CSA layers with overlap_branches: the index wq_b GEMV runs on the main stream right after q_norm, before the
-  // main wq_b GEMV, and the indexer's stream starts at its scores. Why: a decode GEMV's grid fills every SM, so
-  // the two wq_b GEMVs do not share the GPU; the one launched first takes it, and the index GEMV (8 MB on the
-  // critical branch) finished ~2 us after the main one (32 MB) on its own stream (--timeline, run 135). Same
-  // results, bit for bit. Off: the index GEMV on the indexer's stream.
-  bool index_gemv_on_main = false;
   // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
   // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
   // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8
