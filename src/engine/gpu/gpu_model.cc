@@ -384,19 +384,15 @@ std::vector<GpuModel::BranchTiming> GpuModel::branch_timeline() const {
   const size_t n = im.timeline.size() / Impl::kTimelinePoints;
   for (size_t li = 0; li < n; ++li) {
     const size_t b = li * Impl::kTimelinePoints;
-    const auto after_main = [&](int point) {
-      if (!im.timeline_set[b + Impl::kMainAtJoin] || !im.timeline_set[b + point]) return nan;
+    // Microseconds from point `from` to point `to` of this layer (NaN unless both were recorded).
+    const auto span_us = [&](int from, int to) {
+      if (!im.timeline_set[b + from] || !im.timeline_set[b + to]) return nan;
       float ms = 0;
-      cuda::check(cudaEventElapsedTime(&ms, im.timeline[b + Impl::kMainAtJoin], im.timeline[b + point]), "timeline");
+      cuda::check(cudaEventElapsedTime(&ms, im.timeline[b + from], im.timeline[b + to]), "timeline");
       return 1e3f * ms;
     };
-    const auto after_qnorm = [&](int point) {
-      if (!im.timeline_set[b + Impl::kQNormDone] || !im.timeline_set[b + point]) return nan;
-      float ms = 0;
-      cuda::check(cudaEventElapsedTime(&ms, im.timeline[b + Impl::kQNormDone], im.timeline[b + point]), "timeline");
-      return 1e3f * ms;
-    };
-    out.push_back({after_main(Impl::kIndexerDone), after_main(Impl::kCompressorDone),
+    const auto after_qnorm = [&](int point) { return span_us(Impl::kQNormDone, point); };
+    out.push_back({span_us(Impl::kMainAtJoin, Impl::kIndexerDone), span_us(Impl::kMainAtJoin, Impl::kCompressorDone),
                    after_qnorm(Impl::kIndexGemvDone), after_qnorm(Impl::kIndexScoresDone),
                    after_qnorm(Impl::kIndexerDone), after_qnorm(Impl::kMainWqbDone), after_qnorm(Impl::kMainQDone),
                    after_qnorm(Impl::kMainAtJoin)});
