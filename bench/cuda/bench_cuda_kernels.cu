@@ -186,8 +186,9 @@ int main(int argc, char** argv) {
   // flops = 2 * 64 * 128 * visible keys. "exact_q" rows run the older kernel (q as bf16 hi + lo) for comparison.
   if (topk_only) return 0;
   if (!attn_only) {
+    // rope: with IndexerArgs::rope_cs (32 pairs per query, as the engine's CSA layers pass them).
     auto indexer_decode = [&](int nq, int64_t n_keys, cuda::IndexerKeyFormat fmt, bool paged, bool exact,
-                              bool f8q = false, int64_t row_bytes = 0) {
+                              bool f8q = false, int64_t row_bytes = 0, bool rope = false) {
       const bool fp4 = fmt == cuda::IndexerKeyFormat::kMXFP4;
       const int64_t rb = row_bytes ? row_bytes : fp4 ? 68 : 136, bs = 64;
       const int64_t per_q = paged ? (n_keys + bs - 1) / bs * bs : n_keys;
@@ -210,9 +211,14 @@ int main(int argc, char** argv) {
       int32_t* dtable = dalloc<int32_t>(table.size());
       CK(cudaMemcpy(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<float2> cs_host(size_t(nq) * 32);
+      for (size_t i = 0; i < cs_host.size(); ++i) cs_host[i] = make_float2(std::cos(0.1f * i), std::sin(0.1f * i));
+      float2* dcs = dalloc<float2>(cs_host.size());
+      CK(cudaMemcpy(dcs, cs_host.data(), cs_host.size() * sizeof(float2), cudaMemcpyHostToDevice));
       cuda::IndexerArgs a;
       a.q = q; a.w = w; a.n_keys = n_keys; a.row_bytes = rb; a.scores = out; a.score_stride = n_keys; a.n_queries = nq;
       a.format = fmt; a.exact_q = exact; a.fp8_q = f8q;
+      if (rope) { a.rope_cs = dcs; a.rope_n_freq = 32; }
       if (paged) { a.block_table = dtable; a.max_blocks = max_blocks; a.block_size = static_cast<int>(bs); }
       else a.key_offset = doffs;
       const double us = time_us([&](int i) {
@@ -224,11 +230,16 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
       line(exact ? "indexer_decode_exact_q" : f8q ? "indexer_decode_fp8_q" : "indexer_decode",
            "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + (fp4 ? " mxfp4" : " fp8") +
-               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : ""),
+               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : "") + (rope ? " rope" : ""),
            us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
       CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(doffs)); CK(cudaFree(dtable));
+      CK(cudaFree(dcs));
     };
     using F = cuda::IndexerKeyFormat;
+    // The engine's decode rows (one query, context / 4 keys: contexts 512 / 8K / 16K), without and with the RoPE
+    // on load: there the kernel is mostly its prologue (q staged and converted by every CTA).
+    for (int64_t n_keys : {int64_t(128), int64_t(2048), int64_t(4096)})
+      for (bool rope : {false, true}) indexer_decode(1, n_keys, F::kFP8, false, false, false, 0, rope);
     for (int nq : {1, 8, 64})
       for (int64_t n_keys : {int64_t(8192), int64_t(65536), int64_t(262144)}) {
         if (quick && nq * n_keys > 8 * 65536) continue;
