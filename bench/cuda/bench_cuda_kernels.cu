@@ -211,10 +211,13 @@ int main(int argc, char** argv) {
       int32_t* dtable = dalloc<int32_t>(table.size());
       CK(cudaMemcpy(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-      std::vector<float2> cs_host(size_t(nq) * 32);
-      for (size_t i = 0; i < cs_host.size(); ++i) cs_host[i] = make_float2(std::cos(0.1f * i), std::sin(0.1f * i));
-      float2* dcs = dalloc<float2>(cs_host.size());
-      CK(cudaMemcpy(dcs, cs_host.data(), cs_host.size() * sizeof(float2), cudaMemcpyHostToDevice));
+      float2* dcs = nullptr;  // rope: any unit factors will do for timing
+      if (rope) {
+        std::vector<float2> cs_host(size_t(nq) * 32);
+        for (size_t i = 0; i < cs_host.size(); ++i) cs_host[i] = make_float2(std::cos(0.1f * i), std::sin(0.1f * i));
+        dcs = dalloc<float2>(cs_host.size());
+        CK(cudaMemcpy(dcs, cs_host.data(), cs_host.size() * sizeof(float2), cudaMemcpyHostToDevice));
+      }
       cuda::IndexerArgs a;
       a.q = q; a.w = w; a.n_keys = n_keys; a.row_bytes = rb; a.scores = out; a.score_stride = n_keys; a.n_queries = nq;
       a.format = fmt; a.exact_q = exact; a.fp8_q = f8q;

@@ -334,8 +334,10 @@ int main(int argc, char** argv) {
       const double ms = 1e3 * (now_s() - t0) / decode;
       std::printf("| %d | %d | %.3f | %.1f | | |\n", B, prompt + 3, ms, B * 1e3 / ms);
       std::fprintf(stderr, "\nbatch %d done\n", B);
-      if (B == 1) step_ms_b1 = ms;
-      if (B == 1) print_timeline(*m, prompt + 2 + decode);
+      if (B == 1) {
+        step_ms_b1 = ms;
+        print_timeline(*m, prompt + 2 + decode);
+      }
       std::fflush(stdout);
     }
     // Prefill from an empty sequence (token by token through the decode graphs, or chunks of prefill_chunk),

@@ -27,6 +27,12 @@ AttnKind ModelConfig::attn_kind(int layer) const {
   return r == 4 ? AttnKind::kCSA : AttnKind::kHCA;
 }
 
+bool ModelConfig::has_csa() const {
+  for (int i = 0; i < num_hidden_layers; ++i)
+    if (attn_kind(i) == AttnKind::kCSA) return true;
+  return false;
+}
+
 namespace {
 
 // Field access with errors that name the file and the field.

@@ -73,6 +73,7 @@ struct ModelConfig {
   int num_layers_total() const { return num_hidden_layers + num_nextn_predict_layers; }
   int compress_ratio(int layer) const { return compress_ratios.at(layer); }
   AttnKind attn_kind(int layer) const;
+  bool has_csa() const;  // any main layer with CSA attention (an indexer)
   bool is_hash_layer(int layer) const { return layer < num_hash_layers; }  // MTP layers are never hash layers
   int hc_mix() const { return (2 + hc_mult) * hc_mult; }
 };

@@ -154,14 +154,15 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   };
   // The head weights' 1/sqrt(heads), applied as the scores kernels load them (the CPU path's iw *= ws).
   const float index_w_scale = 1.0f / std::sqrt(static_cast<float>(IH));
+  // par: the CSA indexer on its own stream (overlap_branches).
+  const bool csa = kind == AttnKind::kCSA, par = csa && overlap(T);
   // Slots per token: the window rows, then the CSA selection or every visible HCA entry.
   const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
   const int n_slots = W + extra;
-  const bool topk_slots = kind == AttnKind::kCSA && opt.topk_writes_slots;  // GpuOptions::topk_writes_slots
-  // branch_timeline's points inside the q path (CSA layers with the indexer on its own stream only).
-  const bool csa_par = kind == AttnKind::kCSA && overlap(T);
+  const bool topk_slots = csa && opt.topk_writes_slots;  // GpuOptions::topk_writes_slots
+  // branch_timeline's points inside the q path (only where the indexer has its own stream).
   auto q_point = [&](TimelinePoint p) {
-    if (csa_par) timeline_record(li, p, stream);
+    if (par) timeline_record(li, p, stream);
   };
   auto index_from_q = [&](Act16 qrb) {
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
@@ -226,7 +227,6 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   };
   // overlap_branches: the indexer runs on the side stream, its x part from the start, its q part once
   // q_norm has written s.qr / s.xbq; the main stream waits for it before the attention.
-  const bool csa = kind == AttnKind::kCSA, par = csa && overlap(T);
   if (par) {
     hand_over(stream, side, ev_fork);
     OnSide on(*this);

@@ -82,9 +82,7 @@ void GpuModel::Impl::alloc_scratch() {
   s.icg = f(T * 2 * Id);
   s.iq = f(T * IH * Id);
   s.iw = f(T * IH);
-  bool any_csa = false;
-  for (int i = 0; i < c->num_hidden_layers; ++i) any_csa |= c->attn_kind(i) == AttnKind::kCSA;
-  if (any_csa && opt.index_rope_in_scores && n_freq >= 1 && n_freq <= 64)
+  if (c->has_csa() && opt.index_rope_in_scores && n_freq >= 1 && n_freq <= 64)
     s.rope_cs = static_cast<float2*>(dalloc(sizeof(float2) * T * n_freq));
   s.score_cols = std::max<int64_t>(1, opt.max_model_len / 4);
   s.scores = f(T * s.score_cols);
@@ -260,8 +258,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
          c.num_attention_heads, " x ", c.head_dim, " (rope ", c.rope_head_dim, ")");
   if (c.hc_mult != 4 || c.hidden_size % 32 != 0 || c.hidden_size > 7168)
     fail("GPU engine: mHC kernels need hc_mult 4 and hidden_size a multiple of 32 up to 7168");
-  bool any_csa = false;
-  for (int i = 0; i < c.num_hidden_layers; ++i) any_csa |= c.attn_kind(i) == AttnKind::kCSA;
+  const bool any_csa = c.has_csa();
   if (any_csa && c.index_head_dim != 128)
     fail("GPU engine: the compressor kernel needs index_head_dim 128 (got ", c.index_head_dim, ")");
   if (any_csa && (c.index_topk < 1 || c.index_topk > 2048)) fail("GPU engine: index_topk must be in 1..2048");
