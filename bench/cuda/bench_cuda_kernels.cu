@@ -49,6 +49,43 @@ double time_us(const std::function<void(int)>& fn, int reps = 30, int per_batch 
   return t[t.size() / 2];
 }
 
+// The same median, over replays of a CUDA graph of `per_batch` calls fn(i, stream) captured on `stream`: the
+// engine's view of a short kernel (eager back-to-back launches time the launch rate instead). Every replay runs
+// the same i, so the rotation covers only the calls inside one graph.
+double time_graph_us(const std::function<void(int, cudaStream_t)>& fn, int reps = 30, int per_batch = 10) {
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < per_batch; ++i) fn(i, st);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> t;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.f / per_batch);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(st);
+  return t[t.size() / 2];
+}
+
 template <typename T>
 T* dalloc(size_t n) {
   T* p = nullptr;
@@ -224,16 +261,20 @@ int main(int argc, char** argv) {
       if (rope) { a.rope_cs = dcs; a.rope_n_freq = 32; }
       if (paged) { a.block_table = dtable; a.max_blocks = max_blocks; a.block_size = static_cast<int>(bs); }
       else a.key_offset = doffs;
-      const double us = time_us([&](int i) {
+      auto call = [&](int i, cudaStream_t st) {
         cuda::IndexerArgs b = a;
         b.keys = keys + (i % sets) * set_bytes;
-        cuda::indexer_scores_fp8(b, nullptr);
-      });
+        cuda::indexer_scores_fp8(b, st);
+      };
+      // The engine's decode rows (<= 4096 keys) in a graph, as the engine runs them; the rest eager, as before.
+      const bool graph = nq * n_keys <= 4096;
+      const double us = graph ? time_graph_us(call) : time_us([&](int i) { call(i, nullptr); });
       const double bytes = double(nq) * n_keys * rb + 4.0 * nq * n_keys;
       const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
       line(exact ? "indexer_decode_exact_q" : f8q ? "indexer_decode_fp8_q" : "indexer_decode",
            "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + (fp4 ? " mxfp4" : " fp8") +
-               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : "") + (rope ? " rope" : ""),
+               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : "") + (rope ? " rope" : "") +
+               (graph ? " graph" : ""),
            us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
       CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(doffs)); CK(cudaFree(dtable));
       CK(cudaFree(dcs));
@@ -242,7 +283,10 @@ int main(int argc, char** argv) {
     // The engine's decode rows (one query, context / 4 keys: contexts 512 / 8K / 16K), without and with the RoPE
     // on load: there the kernel is mostly its prologue (q staged and converted by every CTA).
     for (int64_t n_keys : {int64_t(128), int64_t(2048), int64_t(4096)})
-      for (bool rope : {false, true}) indexer_decode(1, n_keys, F::kFP8, false, false, false, 0, rope);
+      for (bool rope : {false, true}) {
+        indexer_decode(1, n_keys, F::kFP8, false, false, false, 0, rope);
+        if (cuda::indexer_fp8_q_supported()) indexer_decode(1, n_keys, F::kFP8, false, false, true, 0, rope);
+      }
     for (int nq : {1, 8, 64})
       for (int64_t n_keys : {int64_t(8192), int64_t(65536), int64_t(262144)}) {
         if (quick && nq * n_keys > 8 * 65536) continue;

@@ -156,8 +156,8 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 
 
 // ============================ streaming kernel (default) ============================================
-// Keys as M: mma.sync m16n8k16 f16 x f16 -> f32 with M = 16 keys, N = 8 heads, K = 16 dims. A CTA of 4 warps
-// serves one query; q (64 heads x 128, fp16) sits in shared memory and each warp streams its own run of keys:
+// Keys as M: mma.sync m16n8k16 f16 x f16 -> f32 with M = 16 keys, N = 8 heads, K = 16 dims. A CTA of 8 warps
+// (FP8) or 4 (MXFP4) serves one query; q (64 heads x 128, fp16) sits in shared memory and each warp streams its own run of keys:
 // a unit of 32 keys (two m-tiles) is converted once into A fragments (64 registers), then multiplied by the
 // 8 n-tiles of heads, whose B fragments come from shared memory by ldmatrix.x4 (each shared by both m-tiles).
 // The dot is order-free over dims, so K is permuted: in k-step ks, thread (g, c) covers dims 32c + 4ks +
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 // n-tile into 4 running per-key sums per thread, reduced over the 4 threads of a group at the end of a unit.
 // Keys stream through a per-warp ring of kStages units (cp.async, 8-byte chunks for FP8, 4-byte for MXFP4,
 // zero-filled past n_visible), so each warp keeps its next unit in flight without block barriers. Warps own
-// contiguous runs of units; grid = (CTAs per query, queries). On sm_90a: FP8 128 registers and 54,528 B of
-// shared memory (4 CTAs = 16 warps per SM), MXFP4 168 registers and 38,144 B (3 CTAs per SM).
+// contiguous runs of units; grid = (CTAs per query, queries). On sm_90a: FP8 128 registers and 91,392 B of
+// shared memory (2 CTAs = 16 warps per SM), MXFP4 168 registers and 38,144 B (3 CTAs of 4 warps per SM).
 // Tried and dropped: e4m3 -> fp16 by integer ops (PRMT/SHF/LOP3) instead of cvt: 3-4% slower on the H200;
 // the earlier "heads as M" layout (all 64 heads' q in 128 registers per warp, 8 warps per SM): 1.6x slower.
 // q: per head h, q' = q * 2^e_h with max|q'| in [2^14, 2^15), rounded to fp16 (relative error <= 2^-11; the
@@ -189,23 +189,27 @@ struct KeyFmt;
 template <>
 struct KeyFmt<IndexerKeyFormat::kFP8> {
   static constexpr int kChunk = 8, kRowS = 144;
+  static constexpr int kWarps = 8;  // 2 CTAs of 8 warps per sm_90 SM (4 of 4 before: the same warps, half the
+                                    // q prologue per warp, which is what short contexts wait for)
 };
 template <>
 struct KeyFmt<IndexerKeyFormat::kMXFP4> {
   static constexpr int kChunk = 4, kRowS = 80;
+  static constexpr int kWarps = 4;  // 168 registers: 8 warps would leave one CTA per SM
 };
 
-// Resident CTAs per SM the register budget is sized for: sm_90 (227 KB of shared memory per SM) holds 4 FP8
-// CTAs of 54 KB (128 registers) or 3 MXFP4 CTAs (168 registers); sm_12x (~100 KB) holds 1 FP8 / 2 MXFP4 CTAs.
+// Resident CTAs per SM the register budget is sized for: sm_90 (227 KB of shared memory per SM) holds 2 FP8
+// CTAs of 8 warps and 91 KB (128 registers) or 3 MXFP4 CTAs of 4 warps (168 registers); sm_12x (~100 KB) holds
+// 1 FP8 / 2 MXFP4 CTAs.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
 constexpr int kMinBlocksFP8 = 1, kMinBlocksFP4 = 2;
 #else
-constexpr int kMinBlocksFP8 = 4, kMinBlocksFP4 = 3;
+constexpr int kMinBlocksFP8 = 2, kMinBlocksFP4 = 3;
 #endif
 
 template <IndexerKeyFormat F>
 constexpr int smem_bytes() {
-  return 256 + kH * kQRow * 2 + kWarps * kStages * kUnit * KeyFmt<F>::kRowS;
+  return 256 + kH * kQRow * 2 + KeyFmt<F>::kWarps * kStages * kUnit * KeyFmt<F>::kRowS;
 }
 
 // Two e4m3 codes (low byte first) -> f16x2, exact.
@@ -241,7 +245,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
 }
 
 template <IndexerKeyFormat F>
-__global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBlocksFP8 : kMinBlocksFP4)
+__global__ void __launch_bounds__(32 * KeyFmt<F>::kWarps, F == IndexerKeyFormat::kFP8 ? kMinBlocksFP8 : kMinBlocksFP4)
     indexer_stream_kernel(IndexerArgs a, int64_t units_per_warp) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   using KF = KeyFmt<F>;
@@ -256,10 +260,31 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
   const int64_t n_vis = a.n_visible ? max(int64_t{0}, min(static_cast<int64_t>(a.n_visible[s]), a.n_keys))
                                     : a.n_keys;
   const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
-  const int64_t u0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * units_per_warp;
+  const int64_t u0 = (static_cast<int64_t>(blockIdx.x) * KF::kWarps + warp) * units_per_warp;
   const int64_t u1 = min(u0 + units_per_warp, n_units);
   const int64_t vis_units = (n_vis + kUnit - 1) / kUnit;
   const int64_t n_do = max(int64_t{0}, min(u1, vis_units) - u0);  // units with work (warp-uniform)
+
+  // q (rotated first with rope_cs) -> fp16 with a per-head power-of-two scale, into shared memory in the permuted
+  // K order (row h, logical position 16 ks + lk). Four threads per head, thread cc holding the 32 dims of thread
+  // column cc (dims 32 cc + 4 ks .. + 3 are k-step ks), 64 / (8 warps) rounds of heads: each element is loaded
+  // once, before the key copies are issued, and scaled by a multiply (2^e is exact in fp32 for |e| <= 100, so
+  // x * 2^e is ldexpf's result; an fp32 subnormal product would round to fp16 zero either way). Short contexts
+  // run this prologue and little else, one or two warps per scheduler, so its instruction count is the kernel's
+  // latency (the old form, two threads per head, two passes and ldexpf, took 9.2 us at 128 keys in a graph).
+  constexpr int kRounds = kH * 4 / (32 * KF::kWarps);
+  const int cc = tid & 3, r0 = rope_r0(a);
+  auto load_q = [&](int round, float4 (&v)[kSteps]) {
+    const int h = 8 * KF::kWarps * round + (tid >> 2);
+    const float4* qr = reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(s) * kH + h) * kD) + 8 * cc;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) v[ks] = __ldg(qr + ks);
+  };
+  // With one round (FP8) q's 32 floats wait in registers while the copies are issued; the MXFP4 kernel's two
+  // rounds load theirs after, one round at a time (both at once spilled on sm_120a).
+  constexpr bool kEarlyQ = kRounds == 1;
+  float4 q_early[kSteps];
+  if constexpr (kEarlyQ) load_q(0, q_early);
 
   // Issue the copies of unit u0 + i into ring stage i % kStages. Lane k resolves key k's row address.
   auto issue = [&](int64_t i) {
@@ -285,34 +310,53 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
     cp_async_commit();
   }
 
-  // q (rotated first with rope_cs) -> fp16 with a per-head power-of-two scale, into shared memory in the permuted
-  // K order (row h, logical position 16 ks + lk); two threads per head.
-  {
-    const int h = tid >> 1, half = tid & 1, r0 = rope_r0(a);
-    const float* qr = a.q + (static_cast<int64_t>(s) * kH + h) * kD + half * (kD / 2);
+  // rope_cs row of this query, offset so that csr[(d - 32 cc) / 2] holds the factors of dims d, d + 1 (d >= r0).
+  const float2* csr =
+      a.rope_cs != nullptr ? a.rope_cs + static_cast<int64_t>(s) * a.rope_n_freq + (32 * cc - r0) / 2 : nullptr;
+#pragma unroll 1
+  for (int round = 0; round < kRounds; ++round) {
+    float4 qv[kSteps];
+    if constexpr (kEarlyQ) {
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) qv[ks] = q_early[ks];
+    } else {
+      load_q(round, qv);
+    }
+    const int h = 8 * KF::kWarps * round + (tid >> 2);
     float m = 0.f;
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const float4 v = rope_q4(a, s, __ldg(reinterpret_cast<const float4*>(qr) + j), half * (kD / 2) + 4 * j, r0);
+    for (int ks = 0; ks < kSteps; ++ks) {
+      float4& v = qv[ks];
+      const int d = 32 * cc + 4 * ks;
+      if (d >= r0) {  // rope_q4's rotation (the same rope_apply), with the factor row addressed once
+        const float2 lo = rope_apply(v.x, v.y, __ldg(csr + 2 * ks));
+        v.x = lo.x;
+        v.y = lo.y;
+      }
+      if (d + 2 >= r0) {
+        const float2 hi = rope_apply(v.z, v.w, __ldg(csr + 2 * ks + 1));
+        v.z = hi.x;
+        v.w = hi.y;
+      }
       m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     int e = 0;
     if (m > 0.f && m < INFINITY) {
       int ex;
       frexpf(m, &ex);  // m < 2^ex <= 2m
       e = max(-100, min(100, 15 - ex));
     }
-    __half* dst = qs + h * kQRow;
-#pragma unroll 8  // not 16: with rope_q4's loads a full unroll spilled 28 bytes on sm_90a (ptxas -v)
-    for (int j = 0; j < kD / 8; ++j) {
-      const int p = half * (kD / 2) + 4 * j;  // dims p .. p+3: thread column cc, k-step ks
-      const float4 v = rope_q4(a, s, __ldg(reinterpret_cast<const float4*>(qr) + j), p, r0);
-      const int cc = p >> 5, ks = (p & 31) >> 2;
-      *reinterpret_cast<__half2*>(dst + 16 * ks + 2 * cc) = __floats2half2_rn(ldexpf(v.x, e), ldexpf(v.y, e));
-      *reinterpret_cast<__half2*>(dst + 16 * ks + 8 + 2 * cc) = __floats2half2_rn(ldexpf(v.z, e), ldexpf(v.w, e));
+    const float p = __int_as_float((e + 127) << 23);  // 2^e
+    __half* dst = qs + h * kQRow + 2 * cc;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const float4 v = qv[ks];
+      *reinterpret_cast<__half2*>(dst + 16 * ks) = __floats2half2_rn(v.x * p, v.y * p);
+      *reinterpret_cast<__half2*>(dst + 16 * ks + 8) = __floats2half2_rn(v.z * p, v.w * p);
     }
-    if (half == 0) wq[h] = ldexpf(a.w[static_cast<int64_t>(s) * kH + h] * a.w_scale, -e);
+    if (cc == 0) wq[h] = ldexpf(a.w[static_cast<int64_t>(s) * kH + h] * a.w_scale, -e);
   }
   __syncthreads();
 
@@ -419,7 +463,8 @@ __global__ void __launch_bounds__(kThreads, F == IndexerKeyFormat::kFP8 ? kMinBl
   }
 }
 
-// indexer_stream_kernel<F>'s resident CTAs per SM (4 on sm_90; fewer on SM12x's ~100 KB of shared memory), after
+// indexer_stream_kernel<F>'s resident CTAs per SM (2 FP8 / 3 MXFP4 on sm_90; fewer on SM12x's ~100 KB of shared
+// memory), after
 // opting in to its dynamic shared memory; once per process.
 template <IndexerKeyFormat F>
 int stream_ctas_per_sm() {
@@ -429,7 +474,8 @@ int stream_ctas_per_sm() {
     check(cudaFuncSetAttribute(indexer_stream_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
           "indexer smem attribute");
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_stream_kernel<F>, kThreads, smem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, indexer_stream_kernel<F>, 32 * KeyFmt<F>::kWarps,
+                                                        smem),
           "indexer occupancy");
     if (blocks < 1) fail("cuda::indexer_scores_fp8: the streaming kernel does not fit an SM of this device");
     return blocks;
@@ -440,7 +486,8 @@ int stream_ctas_per_sm() {
 template <IndexerKeyFormat F>
 void launch_stream(dim3 grid, cudaStream_t stream, const IndexerArgs& a, int64_t units_per_warp) {
   stream_ctas_per_sm<F>();  // the opt-in
-  check(launch(indexer_stream_kernel<F>, grid, dim3(kThreads), smem_bytes<F>(), stream, a, units_per_warp),
+  check(launch(indexer_stream_kernel<F>, grid, dim3(32 * KeyFmt<F>::kWarps), smem_bytes<F>(), stream, a,
+               units_per_warp),
         "indexer_stream_kernel launch");
 }
 
@@ -496,15 +543,17 @@ void indexer_scores_fp8(const IndexerArgs& a, cudaStream_t stream) {
     check(launch(indexer_fp8_kernel, dim3(static_cast<unsigned>(per_query), a.n_queries), dim3(kThreads), 0, stream, a), "indexer_fp8_kernel launch");
     return;
   }
-  // One wave of 4 CTAs per SM (at most what is resident: 1-2 on SM12x) over all queries when possible, but at
-  // least kMinUnits units (of 32 keys) per warp so the per-CTA q setup (32 KB read, 64 x 128 conversions) stays
-  // small against the keys it serves.
-  constexpr int64_t kMinUnits = 2;
+  // One wave of resident CTAs (16 warps per sm_90 SM; 4-8 on SM12x) over all queries when possible, with at
+  // least kMinUnits units (of 32 keys) per warp. The per-CTA q setup (32 KB read, 64 x 128 conversions) once made
+  // 2 the better minimum; since the one-pass prologue 1 is (the engine's decode step at contexts 259 / 8K / 64K:
+  // 6.67-6.69 / 6.80-6.84 / 7.12 ms against 6.71-6.72 / 6.88-6.90 / 7.22-7.24, run 140).
+  constexpr int64_t kMinUnits = 1;
   const int64_t n_units = (a.n_keys + kUnit - 1) / kUnit;
-  const int per_sm =
-      std::min(4, fp4 ? stream_ctas_per_sm<IndexerKeyFormat::kMXFP4>() : stream_ctas_per_sm<IndexerKeyFormat::kFP8>());
+  const int per_sm = fp4 ? std::min(4, stream_ctas_per_sm<IndexerKeyFormat::kMXFP4>())
+                         : std::min(2, stream_ctas_per_sm<IndexerKeyFormat::kFP8>());
+  const int warps = fp4 ? KeyFmt<IndexerKeyFormat::kMXFP4>::kWarps : KeyFmt<IndexerKeyFormat::kFP8>::kWarps;
   const idx::KeySplit sp =
-      idx::split_keys(static_cast<int64_t>(per_sm) * dev.sm_count, a.n_queries, n_units, kWarps, kMinUnits);
+      idx::split_keys(static_cast<int64_t>(per_sm) * dev.sm_count, a.n_queries, n_units, warps, kMinUnits);
   const int64_t per_query = sp.ctas, units_per_warp = sp.units_per_worker;
   if (per_query > 0x7fffffffLL) fail("cuda::indexer_scores_fp8: too many keys (", a.n_keys, ")");
   const dim3 grid(static_cast<unsigned>(per_query), static_cast<unsigned>(a.n_queries));
