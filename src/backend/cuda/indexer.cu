@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 constexpr int kUnit = 32;    // keys per ring stage (two m-tiles of 16)
 constexpr int kStages = 2;   // ring depth per warp
 constexpr int kChunks = 17;  // copy chunks per key row: 17 x 8 B (FP8, 136 B) or 17 x 4 B (MXFP4, 68 B)
+static_assert(kChunks == 16 + 1 && kUnit == 32, "the copy issue below: 16 data chunks per row in rounds of two rows, then the scale chunk");
 constexpr int kQRow = kD + 8;  // halfs per q row in shared memory (272 B: 16-byte aligned, ldmatrix conflict-free)
 
 template <IndexerKeyFormat F>
@@ -286,23 +287,30 @@ __global__ void __launch_bounds__(32 * KeyFmt<F>::kWarps, F == IndexerKeyFormat:
   float4 q_early[kSteps];
   if constexpr (kEarlyQ) load_q(0, q_early);
 
-  // Issue the copies of unit u0 + i into ring stage i % kStages. Lane k resolves key k's row address.
+  // Issue the copies of unit u0 + i into ring stage i % kStages. Lane k resolves key k's row address. A row is 17
+  // chunks: its 16 chunks of key data go two rows per round (lanes 0-15 row 2j, lanes 16-31 row 2j + 1, chunk
+  // lane & 15: each round reads two rows' 128 / 64 contiguous bytes), so a lane's chunk and destination offset are
+  // fixed and only the row pointer is shuffled; then each lane copies its own row's 17th chunk (the scale bytes).
+  // (Chunk = 32 j + lane over all 544 needed a division by 17 and more address arithmetic per round: ~13
+  // instructions against ~7, on the long-context path where the copies' issue is a third of a unit's work.)
+  const int pair_row = lane >> 4, part_off = (lane & 15) * KF::kChunk;
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   auto issue = [&](int64_t i) {
     const int64_t t = (u0 + i) * kUnit + lane;
-    const uint8_t* mine = t < n_vis ? key_row(a, s, t) : nullptr;
-    uint8_t* dst = ring + (i % kStages) * (kUnit * KF::kRowS);
+    const bool valid = t < n_vis;
+    // Invalid rows copy nothing (source size 0: the destination is zero-filled) from a.keys.
+    const uint8_t* mine = valid ? key_row(a, s, t) : a.keys;
+    const uint32_t vmask = __ballot_sync(0xffffffffu, valid);
+    const uint32_t stage = ring_s + static_cast<uint32_t>((i % kStages) * (kUnit * KF::kRowS));
+    const uint32_t dst = stage + pair_row * KF::kRowS + part_off;
 #pragma unroll
-    for (int it = 0; it < kChunks; ++it) {  // 32 keys x 17 chunks = 17 rounds of 32 lanes
-      const int ch = it * 32 + lane;
-      const int k = ch / kChunks;
-      const int part = ch - k * kChunks;
+    for (int j = 0; j < kUnit / 2; ++j) {
+      const int row = 2 * j + pair_row;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(
-          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), k));
-      if (src != nullptr)
-        cp_async<KF::kChunk>(dst + k * KF::kRowS + part * KF::kChunk, src + part * KF::kChunk, KF::kChunk);
-      else
-        cp_async<KF::kChunk>(dst + k * KF::kRowS + part * KF::kChunk, a.keys, 0);  // zero fill
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), row));
+      cp_async_s<KF::kChunk>(dst + 2 * j * KF::kRowS, src + part_off, (vmask >> row) & 1u ? KF::kChunk : 0);
     }
+    cp_async_s<KF::kChunk>(stage + lane * KF::kRowS + 16 * KF::kChunk, mine + 16 * KF::kChunk, valid ? KF::kChunk : 0);
   };
 #pragma unroll
   for (int i = 0; i < kStages; ++i) {

@@ -57,12 +57,17 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
-// Asynchronous global -> shared copy of kBytes (4, 8 or 16); src_bytes = 0 zero-fills the destination.
+// Asynchronous global -> shared copy of kBytes (4, 8 or 16); src_bytes = 0 zero-fills the destination (nothing
+// is read). The first form takes a shared-window address (callers that add constant offsets to one base keep
+// them as immediates), the second a generic pointer.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_s(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_bytes)
+               : "memory");
+}
 template <int kBytes>
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
-               : "memory");
+  cp_async_s<kBytes>(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, src_bytes);
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -414,12 +414,12 @@ __global__ void __launch_bounds__(128 * kTiles, 1) attn_mma_kernel(Params p) {
         if (rv) {
           const uint32_t dst = smem_u32(raw + stage * kRawBytes + r * kRawStride);
 #pragma unroll
-          for (int c = lane; c < kRawChunks; c += 32) cp_async8(dst + 8 * c, src + 8 * c, 8);
+          for (int c = lane; c < kRawChunks; c += 32) cp_async_s<8>(dst + 8 * c, src + 8 * c, 8);
         }
       } else {  // invalid rows are zero-filled (src size 0: nothing is read)
         const uint32_t dst = smem_u32(tiles + stage * kTileBytes + r * kTileStride);
 #pragma unroll
-        for (int c = lane; c < 2 * kD / 8; c += 32) cp_async8(dst + 8 * c, src + 8 * c, rv ? 8 : 0);
+        for (int c = lane; c < 2 * kD / 8; c += 32) cp_async_s<8>(dst + 8 * c, src + 8 * c, rv ? 8 : 0);
       }
     }
     cp_async_commit();

@@ -27,10 +27,6 @@ struct Params {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
 // 2^x (ex2.approx: relative error ~2^-22; -inf -> 0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
