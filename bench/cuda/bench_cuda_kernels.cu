@@ -24,19 +24,17 @@ namespace {
 
 constexpr size_t kRotateBytes = 256u << 20;  // >= 4x the H200's 60 MB L2
 
-// Median over `reps` batches of `per_batch` calls of fn(i) (i = running call counter, for rotation).
-double time_us(const std::function<void(int)>& fn, int reps = 30, int per_batch = 10) {
+// Median over `reps` runs of batch() on `stream`, each timed by events around it, per call (a batch makes
+// `per_batch` calls).
+double median_per_call_us(const std::function<void()>& batch, cudaStream_t stream, int reps, int per_batch) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  int counter = 0;
-  for (int i = 0; i < 3; ++i) fn(counter++);  // warm-up
-  CK(cudaDeviceSynchronize());
   std::vector<float> t;
   for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < per_batch; ++i) fn(counter++);
-    CK(cudaEventRecord(b));
+    CK(cudaEventRecord(a, stream));
+    batch();
+    CK(cudaEventRecord(b, stream));
     CK(cudaEventSynchronize(b));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, a, b));
@@ -47,6 +45,14 @@ double time_us(const std::function<void(int)>& fn, int reps = 30, int per_batch 
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return t[t.size() / 2];
+}
+
+// Median over `reps` batches of `per_batch` calls of fn(i) (i = running call counter, for rotation).
+double time_us(const std::function<void(int)>& fn, int reps = 30, int per_batch = 10) {
+  int counter = 0;
+  for (int i = 0; i < 3; ++i) fn(counter++);  // warm-up
+  CK(cudaDeviceSynchronize());
+  return median_per_call_us([&] { for (int i = 0; i < per_batch; ++i) fn(counter++); }, nullptr, reps, per_batch);
 }
 
 // The same median, over replays of a CUDA graph of `per_batch` calls fn(i, stream) captured on `stream`: the
@@ -61,29 +67,13 @@ double time_graph_us(const std::function<void(int, cudaStream_t)>& fn, int reps 
   for (int i = 0; i < per_batch; ++i) fn(i, st);
   CK(cudaStreamEndCapture(st, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));  // warm-up
   CK(cudaStreamSynchronize(st));
-  std::vector<float> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f / per_batch);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const double us = median_per_call_us([&] { CK(cudaGraphLaunch(ge, st)); }, st, reps, per_batch);
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(st);
-  return t[t.size() / 2];
+  return us;
 }
 
 template <typename T>
