@@ -263,8 +263,8 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * 64 * 128 * double(n_keys) * nq;
       line(exact ? "indexer_decode_exact_q" : f8q ? "indexer_decode_fp8_q" : "indexer_decode",
            "q=" + std::to_string(nq) + " keys=" + std::to_string(n_keys) + (fp4 ? " mxfp4" : " fp8") +
-               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : "") + (rope ? " rope" : "") +
-               (graph ? " graph" : ""),
+               (paged ? " paged64" : "") + (row_bytes ? " rb" + std::to_string(row_bytes) : "") +
+               (rope ? " rope" : "") + (graph ? " graph" : ""),
            us, bytes, flops, "frac_copy_bw", bytes / (us * 1e-6) / copy_bw);
       CK(cudaFree(keys)); CK(cudaFree(q)); CK(cudaFree(w)); CK(cudaFree(out)); CK(cudaFree(doffs)); CK(cudaFree(dtable));
       CK(cudaFree(dcs));

@@ -3,7 +3,8 @@
 # (bench_flash.sh with FLASH_BUILD_ONLY=1), then runs each variant once per round, in turn, ROUNDS times (default
 # 2), and prints the decode rows (batch | context | ms ...) of each process under its variant's name.
 # A variant is one word list: words like NAME=value go to the environment, the rest are extra bench flags; ""
-# is the default; BIN=path runs another bench_gpu_forward binary (e.g. one built at the base revision and carried). Since bench_gpu_forward warms each graph key up twice (run 126) a row repeats within ~0.04 ms
+# is the default; BIN=path runs another bench_gpu_forward binary (e.g. one built at the base revision and
+# carried, run 140). Since bench_gpu_forward warms each graph key up twice (run 126) a row repeats within ~0.04 ms
 # between processes, so two rounds separate changes of ~0.05 ms.
 # Usage on the GPU machine, repository root, carry [".gpu-deps"]:
 #   AB_ARGS="--batches 1 --prompt 256 --decode 16 --prefill 32768 --prefill-chunk 2048 --repeat-layers 21" \

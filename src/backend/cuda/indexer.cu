@@ -157,9 +157,9 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 
 // ============================ streaming kernel (default) ============================================
 // Keys as M: mma.sync m16n8k16 f16 x f16 -> f32 with M = 16 keys, N = 8 heads, K = 16 dims. A CTA of 8 warps
-// (FP8) or 4 (MXFP4) serves one query; q (64 heads x 128, fp16) sits in shared memory and each warp streams its own run of keys:
-// a unit of 32 keys (two m-tiles) is converted once into A fragments (64 registers), then multiplied by the
-// 8 n-tiles of heads, whose B fragments come from shared memory by ldmatrix.x4 (each shared by both m-tiles).
+// (FP8) or 4 (MXFP4) serves one query; q (64 heads x 128, fp16) sits in shared memory and each warp streams its
+// own run of keys: a unit of 32 keys (two m-tiles) is converted once into A fragments (64 registers), then
+// multiplied by the 8 n-tiles of heads, whose B fragments come from shared memory by ldmatrix.x4 (each shared by both m-tiles).
 // The dot is order-free over dims, so K is permuted: in k-step ks, thread (g, c) covers dims 32c + 4ks +
 // {0,1} (logical k 2c, 2c+1) and 32c + 4ks + {2,3} (logical 2c+8, 2c+9); thread c therefore reads the 32
 // contiguous dims 32c .. 32c+31 of its rows (32 B of e4m3, or 16 B of e2m1 = exactly one MXFP4 scale block),
@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 constexpr int kUnit = 32;    // keys per ring stage (two m-tiles of 16)
 constexpr int kStages = 2;   // ring depth per warp
 constexpr int kChunks = 17;  // copy chunks per key row: 17 x 8 B (FP8, 136 B) or 17 x 4 B (MXFP4, 68 B)
-static_assert(kChunks == 16 + 1 && kUnit == 32, "the copy issue below: 16 data chunks per row in rounds of two rows, then the scale chunk");
+static_assert(kChunks == 16 + 1 && kUnit == 32,
+              "the copy issue: 16 data chunks per row in rounds of two rows, then the scale chunk");
 constexpr int kQRow = kD + 8;  // halfs per q row in shared memory (272 B: 16-byte aligned, ldmatrix conflict-free)
 
 template <IndexerKeyFormat F>
@@ -472,8 +473,7 @@ __global__ void __launch_bounds__(32 * KeyFmt<F>::kWarps, F == IndexerKeyFormat:
 }
 
 // indexer_stream_kernel<F>'s resident CTAs per SM (2 FP8 / 3 MXFP4 on sm_90; fewer on SM12x's ~100 KB of shared
-// memory), after
-// opting in to its dynamic shared memory; once per process.
+// memory), after opting in to its dynamic shared memory; once per process.
 template <IndexerKeyFormat F>
 int stream_ctas_per_sm() {
   constexpr int smem = smem_bytes<F>();
