@@ -350,10 +350,55 @@ TEST(CudaTopk, GraphReplayWithChangingLengths) {
   check_graph_replay(rng, 4096);
 }
 
+// cuda::select_all_rows (no scores) equals cuda::topk_rows on rows of at most k finite entries, plain and placed
+// (the engine's slot lists), every length case (none, 0, negative, below / at / past cols), k on both sides of
+// the kernel's 256-thread blocks; outputs poisoned first, the placement's gaps must keep their poison.
+TEST(CudaTopk, SelectAllMatchesTopkOnShortRows) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(cuda_test::test_seed() + 9);
+  for (int k : {1, 16, 255, 256, 257, 512, 2048})
+    for (int cols : {1, k / 2 + 1, k}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " cols=" + std::to_string(cols));
+      const int rows = 7;
+      Case c = random_case(rng, rows, cols, k, cols + 1);
+      for (bool with_lengths : {false, true}) {
+        const std::vector<int32_t> lengths = {cols, 0, -5, cols / 2, cols + 100, 1, cols - 1};
+        DeviceBuffer<float> d_scores(c.scores.size());
+        d_scores.upload(c.scores);
+        DeviceBuffer<int32_t> d_len(lengths.size());
+        d_len.upload(lengths);
+        const int32_t* len = with_lengths ? d_len.get() : nullptr;
+        std::vector<int64_t> row_add(rows);
+        for (int r = 0; r < rows; ++r) row_add[r] = 4096 * r + 11;
+        DeviceBuffer<int64_t> d_add(row_add.size());
+        d_add.upload(row_add);
+        cuda::TopkOutput place;
+        place.stride = k + 5;
+        place.add = 300;
+        place.row_add = d_add.get();
+        for (const cuda::TopkOutput& pl : {cuda::TopkOutput{}, place}) {
+          const size_t n_out = static_cast<size_t>(rows) * (pl.stride ? pl.stride : k);
+          DeviceBuffer<int32_t> want(n_out), got(n_out);
+          want.poison();
+          got.poison();
+          cuda::topk_rows(d_scores.get(), c.stride, cols, len, rows, k, want.get(), nullptr, pl);
+          cuda::select_all_rows(cols, len, rows, k, got.get(), nullptr, pl);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<int32_t> w = want.download(), g = got.download();
+          for (size_t i = 0; i < n_out; ++i)
+            ASSERT_EQ(g[i], w[i]) << "element " << i << (pl.stride ? " (placed)" : "") << " lengths "
+                                  << with_lengths;
+        }
+      }
+    }
+}
+
 TEST(CudaTopk, UnsupportedShapeFailsLoudly) {
   DSV4_REQUIRE_GPU();
   EXPECT_THROW(cuda::topk_rows(nullptr, 10, 10, nullptr, 1, 4096, nullptr, nullptr), Error);
   EXPECT_THROW(cuda::topk_rows(nullptr, 10, 10, nullptr, 1, 0, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::select_all_rows(10, nullptr, 1, 8, nullptr, nullptr), Error);  // rows longer than k
+  EXPECT_THROW(cuda::select_all_rows(10, nullptr, 1, 0, nullptr, nullptr), Error);
 }
 
 }  // namespace

@@ -415,6 +415,29 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
   }
 }
 
+// GpuOptions::index_all_when_short (no indexer scores where the top-k keeps every visible key) computes exactly
+// what the scores and the top-k give: the continuous model (index_topk 128) runs contexts up to 556, in buckets
+// of <= 512 positions (<= 128 columns: the selection without scores) and of 1024 (the top-k), in graphs and
+// eagerly, one stream and two; the selective model (top-16) never takes the short path.
+TEST_F(GpuEngine, IndexAllWhenShortMatchesBitwise) {
+  DSV4_REQUIRE_GPU();
+  for (int sel : {0, 1}) {
+    const auto& c = cpu(sel, KvDtype::kF32);
+    for (bool graphs : {true, false}) {
+      gpu::GpuOptions off = test_options(KvDtype::kFP8), on = off;
+      on.index_all_when_short = true;
+      off.cuda_graphs = on.cuda_graphs = graphs;
+      for (bool two : {true, false}) {
+        off.overlap_branches = on.overlap_branches = two;
+        const std::string what = std::string(sel ? "selective" : "continuous") +
+                                 " model, kernels, fp8 KV, indexer selection without scores when short, " +
+                                 (two ? "two streams" : "one stream") + (graphs ? " (graphs)" : " (eager)");
+        expect_identical(what.c_str(), gpu(sel, on, c, 40), gpu(sel, off, c, 40));  // first 40 steps staggered
+      }
+    }
+  }
+}
+
 // Chunked prefill (GpuOptions::prefill_chunk): several tokens of a sequence per step, against the CPU.
 // Chunks of 48 cut the 4- and 128-token compressor blocks and the 64-row window anywhere and widen the ring;
 // chunks of 200 (above 64 tokens per step) take dequantize + cuBLAS for the linears and the grouped MoE

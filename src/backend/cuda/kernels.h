@@ -48,6 +48,11 @@ struct TopkOutput {
 };
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
                int32_t* out, cudaStream_t stream, const TopkOutput& placement = {});
+// What topk_rows selects for rows no longer than k (cols <= k) when no score is NaN or -inf, without scores:
+// every index below the row's length (lengths as above), ascending, then -1 up to k, placed as TopkOutput says.
+// The CSA indexer's short contexts need no scores at all (GpuOptions::index_all_when_short).
+void select_all_rows(int64_t cols, const int32_t* lengths, int rows, int k, int32_t* out, cudaStream_t stream,
+                     const TopkOutput& placement = {});
 
 // ---- sparse attention with per-head sinks (reference: cpu::sparse_attention) ---------------------------------
 // K = V rows of 512 dims stored in one of the KvCodec layouts (engine/kv_state.h):

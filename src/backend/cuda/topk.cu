@@ -4,7 +4,8 @@
 //   - rows of at most 4096 entries: topk_small.cu (one CTA per row, the row in registers, 8-bit radix digits);
 //   - few rows of 16K-64K entries: topk_resident.cu (a cluster of up to 8 CTAs per row, the row in registers);
 //   - everything else: topk_stream.cu (the row read once as a stream, candidates kept in shared memory).
-// The choice depends on the shapes only, so eager and graph launches agree.
+// The choice depends on the shapes only, so eager and graph launches agree. select_all_rows (at the end) gives
+// the compaction's result for finite rows without reading them: every index below the length.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -71,6 +72,19 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
 //   64K-128K context).
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
+// select_all_rows: thread i of row blockIdx.y's block blockIdx.x writes entry i (index i below the length, else
+// -1); no scores read.
+__global__ void __launch_bounds__(kThreads) select_all_kernel(int cols, const int32_t* __restrict__ lengths, int k,
+                                                             OutMap out) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int r = blockIdx.y, i = blockIdx.x * kThreads + threadIdx.x;
+  if (i >= k) return;
+  const int n = lengths ? max(0, min(lengths[r], cols)) : cols;
+  const OutRow orow = out.row(r, out.shift(r));
+  if (i < n) orow.put(i, i);
+  else orow.none(i);
+}
+
 bool use_resident(int64_t cols, int rows) {
   if (cols > kMaxCluster * kResidentTile) return false;
   const char* e = std::getenv("DSV4_TOPK_KERNEL");
@@ -93,20 +107,28 @@ bool use_small(int64_t cols) {
   return !(e && (std::strcmp(e, "stream") == 0 || std::strcmp(e, "resident") == 0));
 }
 
+// The argument checks shared by topk_rows and select_all_rows (`what` names the caller in the message).
+void check_rows(const char* what, int64_t cols, int rows, int k, const TopkOutput& placement) {
+  if (k < 1 || k > 2048) fail(what, ": k = ", k, " is not supported (1 <= k <= 2048)");
+  if (cols < 0 || cols > (int64_t{1} << 24)) fail(what, ": row length ", cols, " is not supported (at most 2^24)");
+  if (rows < 0 || rows >= (1 << 28)) fail(what, ": ", rows, " rows is not supported (below 2^28)");
+  if (placement.stride != 0 && placement.stride < k)
+    fail(what, ": output stride ", placement.stride, " is below k = ", k);
+}
+
+OutMap out_map(int32_t* out, int k, const TopkOutput& placement) {
+  return {out, placement.stride ? placement.stride : k, placement.add, placement.row_add};
+}
+
 }  // namespace
 
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
                int32_t* out_ptr, cudaStream_t stream, const TopkOutput& placement) {
   device_config();
-  if (k < 1 || k > 2048) fail("cuda::topk_rows: k = ", k, " is not supported (1 <= k <= 2048)");
-  if (cols < 0 || cols > (int64_t{1} << 24))
-    fail("cuda::topk_rows: row length ", cols, " is not supported (at most 2^24)");
+  check_rows("cuda::topk_rows", cols, rows, k, placement);
   if (row_stride < cols) fail("cuda::topk_rows: row stride ", row_stride, " is below the row length ", cols);
-  if (rows < 0 || rows >= (1 << 28)) fail("cuda::topk_rows: ", rows, " rows is not supported (below 2^28)");
-  if (placement.stride != 0 && placement.stride < k)
-    fail("cuda::topk_rows: output stride ", placement.stride, " is below k = ", k);
   if (rows == 0) return;
-  const OutMap out{out_ptr, placement.stride ? placement.stride : k, placement.add, placement.row_add};
+  const OutMap out = out_map(out_ptr, k, placement);
   if (cols <= k) {  // every valid entry is selected (topk_short_kernel)
     check(launch(topk_short_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores, row_stride,
                  static_cast<int>(cols), lengths, k, out),
@@ -122,6 +144,19 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
   else
     check(launch_topk_stream(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream),
           "topk_stream_kernel launch");
+}
+
+void select_all_rows(int64_t cols, const int32_t* lengths, int rows, int k, int32_t* out_ptr, cudaStream_t stream,
+                     const TopkOutput& placement) {
+  device_config();
+  check_rows("cuda::select_all_rows", cols, rows, k, placement);
+  if (cols > k) fail("cuda::select_all_rows: rows of ", cols, " entries are longer than k = ", k);
+  if (rows == 0) return;
+  if (rows > 65535) fail("cuda::select_all_rows: ", rows, " rows in one call (at most 65535)");
+  const dim3 grid(static_cast<unsigned>((k + kThreads - 1) / kThreads), static_cast<unsigned>(rows));
+  check(launch(select_all_kernel, grid, dim3(kThreads), 0, stream, static_cast<int>(cols), lengths, k,
+               out_map(out_ptr, k, placement)),
+        "select_all_kernel launch");
 }
 
 }  // namespace dsv4::cuda

@@ -146,12 +146,10 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   // reads only x, and what needs the normalized q_lora rows.
   const int topk = c->index_topk;
   const int IH = c->index_n_heads, Id = c->index_head_dim;
-  auto index_from_x = [&]() {
-    compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
-             meta.dev(StepMeta::kKeyFirst), 0, Id);
-    linear_f32(L.index_weights_proj.g, s.iwp_f32, T, s.iw);  // scaled by w_scale in the scores kernel
-    mark(li, "index.compress");
-  };
+  // GpuOptions::index_all_when_short: rows of at most topk columns select every visible key whatever the scores
+  // (finite ones), so the indexer's head weights, q and scores are not computed, and the selection is written
+  // with the x part (it needs no q); its compressor still runs.
+  const bool index_all = kind == AttnKind::kCSA && opt.index_all_when_short && meta.n_cols4() <= topk;
   // The head weights' 1/sqrt(heads), applied as the scores kernels load them (the CPU path's iw *= ws).
   const float index_w_scale = 1.0f / std::sqrt(static_cast<float>(IH));
   // par: the CSA indexer on its own stream (overlap_branches).
@@ -164,7 +162,34 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   auto q_point = [&](TimelinePoint p) {
     if (par) timeline_record(li, p, stream);
   };
+  // Where the selection goes: with topk_slots the selected pool rows (base + ring + index) after the W window rows
+  // of each slot list, else the index list s.sel.
+  cuda::TopkOutput sel_place;
+  int32_t* sel_out = s.sel;
+  if (topk_slots) {
+    sel_place.stride = n_slots;
+    sel_place.add = static_cast<int64_t>(st->ring);
+    sel_place.row_add = meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri));
+    sel_out = s.slots + W;
+  }
+  const int64_t n_cols = meta.n_cols4();
+  const int32_t* vis = meta.dev(StepMeta::kVis4);
+  auto index_from_x = [&]() {
+    compress(L.index_comp, s.ick, s.icg, P.index_comp_state, P.index_keys, static_cast<int64_t>(st->index_row_bytes),
+             meta.dev(StepMeta::kKeyFirst), 0, Id);
+    if (!index_all) linear_f32(L.index_weights_proj.g, s.iwp_f32, T, s.iw);  // scaled by w_scale in the scores kernel
+    mark(li, "index.compress");
+    if (index_all) {  // every visible key, as topk_rows would select it from finite scores
+      cuda::select_all_rows(n_cols, vis, T, topk, sel_out, stream, sel_place);
+      mark(li, "index.topk");
+    }
+  };
   auto index_from_q = [&](Act16 qrb) {
+    if (index_all) {  // the selection is written (index_from_x); only the timeline's points remain
+      q_point(kIndexGemvDone);
+      q_point(kIndexScoresDone);
+      return;
+    }
     lin(L.index_wq_b, s.qr, qlr, T, s.iq, static_cast<int64_t>(IH) * Id, qrb);
     q_point(kIndexGemvDone);
     const bool fp8_keys = st->fmt_code == 2 && IH == cuda::kIndexerHeads && Id == cuda::kIndexerDim;
@@ -173,8 +198,6 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     const bool rope_in_scores = fp8_keys && s.rope_cs != nullptr && freq == freq_comp;
     if (!rope_in_scores) glue::heads_norm_rope(s.iq, T, IH, Id, pos, freq, n_freq, false, eps, false, stream);
     mark(li, "index.q");
-    const int64_t n_cols = meta.n_cols4();
-    const int32_t* vis = meta.dev(StepMeta::kVis4);
     if (fp8_keys) {
       // FP8 keys: the tensor-core indexer, one launch for the step (per-query key offsets on the device).
       cuda::IndexerArgs ia;
@@ -203,15 +226,7 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
     }
     q_point(kIndexScoresDone);
     mark(li, "index.scores");
-    if (topk_slots) {  // the selected pool rows base + ring + index, after the W window rows of each slot list
-      cuda::TopkOutput place;
-      place.stride = n_slots;
-      place.add = static_cast<int64_t>(st->ring);
-      place.row_add = meta.dev(static_cast<StepMeta::I64>(StepMeta::kBase0 + ri));
-      cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.slots + W, stream, place);
-    } else {
-      cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, s.sel, stream);
-    }
+    cuda::topk_rows(s.scores, n_cols, n_cols, vis, T, topk, sel_out, stream, sel_place);
     mark(li, "index.topk");
   };
   // The slot lists over the layer's pool: the window rows and the CSA selection or every visible HCA entry. They

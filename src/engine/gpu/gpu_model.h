@@ -105,6 +105,14 @@ struct GpuOptions {
   // 7.410-7.418 off, batch 16 28.66-28.69 against 28.74-28.78, prefill 8K / 64K +0.6-0.7%. Off: glue::heads_norm_rope
   // rotates q in place first.
   bool index_rope_in_scores = true;
+  // CSA layers whose score rows have at most index_topk columns (context buckets up to 4 x index_topk: 2,048
+  // tokens at V4-Flash width): the top-k would select every visible key whatever the (finite) scores, so the
+  // indexer's head weights, index q GEMV (8 MB at V4-Flash width) and scores are skipped, and
+  // cuda::select_all_rows writes the selection on the indexer's stream at the layer's start; the indexer's
+  // compressor still runs. Same results bit for bit unless a score were NaN or -inf, which only non-finite
+  // activations give (the top-k drops such keys; this keeps them). Written in the twenty-third session after the
+  // device time was spent: not yet run there, so off.
+  bool index_all_when_short = false;
   // In steps of more than 64 tokens the BF16 linears that read the fp32 x, the router's and the CSA indexer's
   // weights_proj, run through cuBLAS in fp32 (cudalin::gemm_f32 on the weight widened exactly to fp32,
   // CUBLAS_COMPUTE_32F_PEDANTIC: no TF32) instead of the fp32 glue linear, which streams the weight once per 8
