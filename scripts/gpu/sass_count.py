@@ -3,8 +3,9 @@
 code once, loops not unrolled further). Usage on the device machine:
   cuobjdump -sass -arch sm_90a LIBRARY_OR_BINARY | python3 scripts/gpu/sass_count.py [REGEX] [--ops N]
 Prints, for each function whose (mangled) name matches REGEX, the instruction total, the count inside its
-loops (instructions between a backward branch target and the branch), the most frequent opcodes, and its main
-loop (the smallest loop holding MMAs) with its own opcode counts."""
+loops (instructions between a backward branch target and the branch), the count before its first block barrier
+(the set-up), the most frequent opcodes, and its main loop (the smallest loop holding MMAs) with
+its own opcode counts."""
 import re
 import signal
 import sys
@@ -60,6 +61,14 @@ def main_loop(ins):
     return len(best[0]), best[1], Counter(op.split(".")[0] for op in best[0])
 
 
+def prologue(ins):
+    """Instructions before the first block barrier (BAR.SYNC; all of them without one): at decode a kernel
+    launched as one or a few CTAs runs its set-up once per warp with little latency hiding, so this count is much
+    of its time (docs/NOTES.md, "Things learned"). Static: skipped branches and loops count once."""
+    bars = [a for a, op, _ in ins if op.startswith("BAR")]
+    return sum(1 for a, _, _ in ins if not bars or a < min(bars))
+
+
 def main():
     pat = re.compile(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else None
     n_ops = int(sys.argv[sys.argv.index("--ops") + 1]) if "--ops" in sys.argv else 12
@@ -69,7 +78,8 @@ def main():
             continue
         ops = Counter(op.split(".")[0] for _, op, _ in ins)
         top = ", ".join(f"{o} {c}" for o, c in ops.most_common(n_ops))
-        print(f"{name[:110]}\n  {len(ins)} instructions, {loop_instructions(ins)} inside loops; {top}")
+        print(f"{name[:110]}\n  {len(ins)} instructions, {loop_instructions(ins)} inside loops, {prologue(ins)} before the "
+              f"first barrier; {top}")
         ml = main_loop(ins)
         if ml:
             n, mmas, c = ml
