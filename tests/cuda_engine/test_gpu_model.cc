@@ -418,7 +418,8 @@ TEST_F(GpuEngine, TwoStreamsMatchOneStreamBitwise) {
 // GpuOptions::index_all_when_short (no indexer scores where the top-k keeps every visible key) computes exactly
 // what the scores and the top-k give: the continuous model (index_topk 128) runs contexts up to 556, in buckets
 // of <= 512 positions (<= 128 columns: the selection without scores) and of 1024 (the top-k), in graphs and
-// eagerly, one stream and two; the selective model (top-16) never takes the short path.
+// eagerly, one stream and two. The selective model (top-16, at least 32 columns) must never take the short path:
+// there the option must change nothing (its selections differ from "every visible key").
 TEST_F(GpuEngine, IndexAllWhenShortMatchesBitwise) {
   DSV4_REQUIRE_GPU();
   for (int sel : {0, 1}) {

@@ -47,6 +47,19 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
   for (int i = total + tid; i < k; i += kThreads) orow.none(i);
 }
 
+// select_all_rows: thread i of row blockIdx.y's block blockIdx.x writes entry i (index i below the length, else
+// -1); no scores read.
+__global__ void __launch_bounds__(kThreads) select_all_kernel(int cols, const int32_t* __restrict__ lengths, int k,
+                                                             OutMap out) {
+  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int r = blockIdx.y, i = blockIdx.x * kThreads + threadIdx.x;
+  if (i >= k) return;
+  const int n = row_length(lengths, r, cols);
+  const OutRow orow = out.row(r, out.shift(r));
+  if (i < n) orow.put(i, i);
+  else orow.none(i);
+}
+
 // The register-resident kernel for rows of 32K-64K entries, or of 16K-32K from 16 rows, when all of its CTAs
 // fit two per SM (rows x ceil(cols / 8K) <= 2 x SMs); the streaming kernel otherwise. Measured on the H200
 // (docs/KERNELS.md, runs 75-80, 131):
@@ -72,19 +85,6 @@ __global__ void __launch_bounds__(kThreads) topk_short_kernel(const float* __res
 //   64K-128K context).
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
-// select_all_rows: thread i of row blockIdx.y's block blockIdx.x writes entry i (index i below the length, else
-// -1); no scores read.
-__global__ void __launch_bounds__(kThreads) select_all_kernel(int cols, const int32_t* __restrict__ lengths, int k,
-                                                             OutMap out) {
-  pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
-  const int r = blockIdx.y, i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= k) return;
-  const int n = lengths ? max(0, min(lengths[r], cols)) : cols;
-  const OutRow orow = out.row(r, out.shift(r));
-  if (i < n) orow.put(i, i);
-  else orow.none(i);
-}
-
 bool use_resident(int64_t cols, int rows) {
   if (cols > kMaxCluster * kResidentTile) return false;
   const char* e = std::getenv("DSV4_TOPK_KERNEL");

@@ -54,6 +54,11 @@ struct OutMap {
   __device__ __forceinline__ OutRow row(int r, int32_t sh) const { return {out + static_cast<int64_t>(r) * stride, sh}; }
 };
 
+// Row r's valid length: lengths[r] clamped to [0, cols], or cols without lengths.
+__device__ __forceinline__ int row_length(const int32_t* lengths, int r, int cols) {
+  return lengths ? max(0, min(lengths[r], cols)) : cols;
+}
+
 // One CTA per row (topk_short_kernel, topk_small_kernel): row blockIdx.x and its valid length.
 struct CtaRow {
   const float* row;
@@ -61,7 +66,7 @@ struct CtaRow {
 };
 __device__ __forceinline__ CtaRow cta_row(const float* scores, int64_t row_stride, int cols, const int32_t* lengths) {
   const int r = blockIdx.x;
-  return {scores + static_cast<int64_t>(r) * row_stride, lengths ? max(0, min(lengths[r], cols)) : cols};
+  return {scores + static_cast<int64_t>(r) * row_stride, row_length(lengths, r, cols)};
 }
 
 // One CTA per row: thread `tid`'s contiguous run of Per keys from b = tid * Per (key 0 past the row's length n,
@@ -92,7 +97,7 @@ __device__ __forceinline__ RowChunk row_chunk(const cg::cluster_group& cluster, 
   c.rank = static_cast<int>(cluster.block_rank());
   c.r = blockIdx.x / c.C;
   c.row = scores + static_cast<int64_t>(c.r) * row_stride;
-  c.n = lengths ? max(0, min(lengths[c.r], cols)) : cols;
+  c.n = row_length(lengths, c.r, cols);
   const int chunk = ((c.n + c.C - 1) / c.C + 3) & ~3;
   c.cb = min(c.n, c.rank * chunk);
   c.ce = min(c.n, c.cb + chunk);

@@ -149,13 +149,13 @@ void GpuModel::Impl::attention(int li, int T, const X16Formats& x16) {
   // GpuOptions::index_all_when_short: rows of at most topk columns select every visible key whatever the scores
   // (finite ones), so the indexer's head weights, q and scores are not computed, and the selection is written
   // with the x part (it needs no q); its compressor still runs.
-  const bool index_all = kind == AttnKind::kCSA && opt.index_all_when_short && meta.n_cols4() <= topk;
-  // The head weights' 1/sqrt(heads), applied as the scores kernels load them (the CPU path's iw *= ws).
-  const float index_w_scale = 1.0f / std::sqrt(static_cast<float>(IH));
   // par: the CSA indexer on its own stream (overlap_branches).
   const bool csa = kind == AttnKind::kCSA, par = csa && overlap(T);
+  const bool index_all = csa && opt.index_all_when_short && meta.n_cols4() <= topk;
+  // The head weights' 1/sqrt(heads), applied as the scores kernels load them (the CPU path's iw *= ws).
+  const float index_w_scale = 1.0f / std::sqrt(static_cast<float>(IH));
   // Slots per token: the window rows, then the CSA selection or every visible HCA entry.
-  const int extra = kind == AttnKind::kCSA ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
+  const int extra = csa ? topk : kind == AttnKind::kHCA ? static_cast<int>(meta.n_entries128()) : 0;
   const int n_slots = W + extra;
   const bool topk_slots = csa && opt.topk_writes_slots;  // GpuOptions::topk_writes_slots
   // branch_timeline's points inside the q path (only where the indexer has its own stream).
