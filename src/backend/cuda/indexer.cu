@@ -159,7 +159,8 @@ __global__ void __launch_bounds__(kThreads, 3) indexer_fp8_kernel(IndexerArgs a)
 // Keys as M: mma.sync m16n8k16 f16 x f16 -> f32 with M = 16 keys, N = 8 heads, K = 16 dims. A CTA of 8 warps
 // (FP8) or 4 (MXFP4) serves one query; q (64 heads x 128, fp16) sits in shared memory and each warp streams its
 // own run of keys: a unit of 32 keys (two m-tiles) is converted once into A fragments (64 registers), then
-// multiplied by the 8 n-tiles of heads, whose B fragments come from shared memory by ldmatrix.x4 (each shared by both m-tiles).
+// multiplied by the 8 n-tiles of heads, whose B fragments come from shared memory by ldmatrix.x4 (each shared by
+// both m-tiles).
 // The dot is order-free over dims, so K is permuted: in k-step ks, thread (g, c) covers dims 32c + 4ks +
 // {0,1} (logical k 2c, 2c+1) and 32c + 4ks + {2,3} (logical 2c+8, 2c+9); thread c therefore reads the 32
 // contiguous dims 32c .. 32c+31 of its rows (32 B of e4m3, or 16 B of e2m1 = exactly one MXFP4 scale block),
@@ -273,7 +274,8 @@ __global__ void __launch_bounds__(32 * KeyFmt<F>::kWarps, F == IndexerKeyFormat:
   // once, before the key copies are issued, and scaled by a multiply (2^e is exact in fp32 for |e| <= 100, so
   // x * 2^e is ldexpf's result; an fp32 subnormal product would round to fp16 zero either way). Short contexts
   // run this prologue and little else, one or two warps per scheduler, so its instruction count is the kernel's
-  // latency (the old form, two threads per head, two passes and ldexpf, took 9.2 us at 128 keys in a graph).
+  // latency (the old form, two threads per head, two passes and ldexpf, took 9.2 us at 128 keys in a graph:
+  // run 137, docs/PERFORMANCE.md).
   constexpr int kRounds = kH * 4 / (32 * KF::kWarps);
   const int cc = tid & 3, r0 = rope_r0(a);
   auto load_q = [&](int round, float4 (&v)[kSteps]) {
