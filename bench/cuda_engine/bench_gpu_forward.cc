@@ -11,7 +11,7 @@
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
 //                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch]
-//                     [--index-all-short]
+//                     [--index-scores-always]
 //                     [--max-model-len N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
@@ -44,7 +44,8 @@
 // --topk-index-list: GpuOptions::topk_writes_slots off (the top-k writes its index list, the slot-list kernel maps
 //   it after the top-k on the indexer's stream).
 // --index-rope-launch: GpuOptions::index_rope_in_scores off (the index q rotated by its own launch first).
-// --index-all-short: GpuOptions::index_all_when_short on (no indexer scores where the top-k keeps every key).
+// --index-scores-always: GpuOptions::index_all_when_short off (the indexer's scores and top-k even where the
+//   top-k keeps every key).
 // --timeline: GpuOptions::branch_timeline (timing events at each attention join in the graphs): after the batch-1
 //   and the prefill rows, how long the main stream waited for the indexer's and the compressor's streams.
 // --moe-lean SPEC: which lean MoE decode kernels run (cudalin::set_moe_lean), for launches of up to TOKENS
@@ -242,7 +243,7 @@ int main(int argc, char** argv) {
     else if (a == "--main-priority") priority_stream = gpu::GpuOptions::PriorityStream::kMain;
     else if (a == "--timeline") timeline = true;
     else if (a == "--index-rope-launch") index_rope = false;
-    else if (a == "--index-all-short") index_all_short = true;
+    else if (a == "--index-scores-always") index_all_short = false;
     else if (a == "--topk-index-list") topk_slots = false;
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;

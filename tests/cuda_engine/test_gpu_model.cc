@@ -427,6 +427,7 @@ TEST_F(GpuEngine, IndexAllWhenShortMatchesBitwise) {
     for (bool graphs : {true, false}) {
       gpu::GpuOptions off = test_options(KvDtype::kFP8), on = off;
       on.index_all_when_short = true;
+      off.index_all_when_short = false;
       off.cuda_graphs = on.cuda_graphs = graphs;
       for (bool two : {true, false}) {
         off.overlap_branches = on.overlap_branches = two;
