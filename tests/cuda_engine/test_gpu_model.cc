@@ -438,6 +438,13 @@ TEST_F(GpuEngine, IndexAllWhenShortMatchesBitwise) {
       }
     }
   }
+  // Exact mode (its own q and scores arithmetic, skipped the same way), bf16 KV, on the continuous model.
+  gpu::GpuOptions off = test_options(KvDtype::kBF16, true), on = off;
+  on.index_all_when_short = true;
+  off.index_all_when_short = false;
+  const auto& c = cpu(0, KvDtype::kF32);
+  expect_identical("continuous model, exact, bf16 KV, indexer selection without scores when short",
+                   gpu(0, on, c, 40), gpu(0, off, c, 40));
 }
 
 // Chunked prefill (GpuOptions::prefill_chunk): several tokens of a sequence per step, against the CPU.

@@ -139,6 +139,19 @@ __device__ __forceinline__ uint32_t fp4_f16_factor(uint32_t e) {
   return h | (h << 16);
 }
 
+// fp4_f16_factor of byte t of a word of UE8M0 scale bytes, in three instructions (the stream kernels' hot loop):
+// the byte by a permute with sel = fp4_byte_selector(t) (the other bytes zero), 2^(e-121) built as the fp32 bit
+// pattern (e + 6) << 23 by one multiply-add, then rounded to f16x2, exactly: every 2^(e-121) for e in
+// [kFp4F16MinE, kFp4F16MaxE] is an f16 (2^-17 a subnormal).
+__device__ __forceinline__ uint32_t fp4_byte_selector(int t) { return 0x4440u | uint32_t(t); }
+__device__ __forceinline__ uint32_t fp4_f16_factor_of_byte(uint32_t word, uint32_t sel) {
+  const uint32_t e = prmt(word, 0u, sel);
+  const float f = __uint_as_float(e * (1u << 23) + (6u << 23));
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
+  return r;
+}
+
 // D += A*B with f16 inputs (same fragment layout as mma above): f16 x f16 products are exact in fp32.
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                         uint32_t b0, uint32_t b1) {

@@ -108,6 +108,18 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   constexpr int U4 = RingGeom<FP4>::kU4;
   constexpr bool PF = PREFETCH < 0 ? NT == 1 : PREFETCH == 1;  // activation prefetch where registers allow
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t byte_t = fp4_byte_selector(t);  // FP4 + H16: this lane's scale byte of a ring scale word
+  // FP4: the odd k16 steps' MMA chain (the even steps accumulate into acc itself), added to acc at the end; one
+  // pair of chains for the whole K range instead of per chunk (no per-chunk zeroing and adds).
+  float acc_odd[NMAT][NT][4];
+  if constexpr (FP4) {
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc_odd[m][nt][k] = 0.f;
+  }
   const int n = ce - cb;
   if (n <= 0) {
     cuda::pdl::wait();
@@ -222,7 +234,7 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
         // (n4, n6) | (n5, n7); act_frags<false> builds the activations in the same order.
         const uint4 w0 = lds128(sm + lane), w1 = lds128(sm + 32 + lane);
         const uint2 se = lds64(reinterpret_cast<const uint32_t*>(sm + 64) + 2 * lane);
-        const uint32_t fa = fp4_f16_factor((se.x >> (8 * t)) & 0xFFu), fb = fp4_f16_factor((se.y >> (8 * t)) & 0xFFu);
+        const uint32_t fa = fp4_f16_factor_of_byte(se.x, byte_t), fb = fp4_f16_factor_of_byte(se.y, byte_t);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t ea = e2m1_even_e4m3(word4(w0, q)), oa = e2m1_odd_e4m3(word4(w0, q));
@@ -275,15 +287,16 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
       for (int nt = 0; nt < NT; ++nt) {
         if (nt >= nt_valid) break;
         if constexpr (!PF) load_act_lane<FP4>(cur[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
-        // Two independent MMA chains (even / odd k16 steps), added at the end of the chunk.
+        // Two independent MMA chains (even / odd k16 steps). FP4: straight into acc and acc_odd (no per-chunk
+        // scale); FP8: per chunk, then scaled into acc.
         float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (H16 && FP4) {
           uint32_t bf[8][2];
           act_frags<false>(cur[nt], bf);  // pairs (x0, x2) | (x1, x3) of each word pair, as the weights above
 #pragma unroll
           for (int s = 0; s < 8; s += 2) {
-            mma_f16(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
-            mma_f16(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+            mma_f16(acc[m][nt], af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
+            mma_f16(acc_odd[m][nt], af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
           }
         } else if constexpr (H16) {
           const uint32_t* u = cur[nt].u;
@@ -297,14 +310,13 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
           act_frags<FP4>(cur[nt], bf);
 #pragma unroll
           for (int s = 0; s < 8; s += 2) {
-            mma(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
-            mma(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+            mma(FP4 ? acc[m][nt] : t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
+            mma(FP4 ? acc_odd[m][nt] : t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
           }
         }
+        if constexpr (!FP4) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if constexpr (FP4) acc[m][nt][k] += t0[k] + t1[k];
-          else acc[m][nt][k] = fmaf(t0[k] + t1[k], scm[m], acc[m][nt][k]);
+          for (int k = 0; k < 4; ++k) acc[m][nt][k] = fmaf(t0[k] + t1[k], scm[m], acc[m][nt][k]);
         }
       }
     }
@@ -316,6 +328,14 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   }
   if (i < n) body(i, actA, actB);
   cp_wait<0>();
+  if constexpr (FP4) {
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[m][nt][k] += acc_odd[m][nt][k];
+  }
 }
 
 // Epilogue of the split-K streaming kernels: each warp has stashed its 16 x 8 partial tile (stash_frag) in
