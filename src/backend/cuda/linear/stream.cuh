@@ -111,15 +111,7 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   const uint32_t byte_t = fp4_byte_selector(t);  // FP4 + H16: this lane's scale byte of a ring scale word
   // FP4: the odd k16 steps' MMA chain (the even steps accumulate into acc itself), added to acc at the end; one
   // pair of chains for the whole K range instead of per chunk (no per-chunk zeroing and adds).
-  float acc_odd[NMAT][NT][4];
-  if constexpr (FP4) {
-#pragma unroll
-    for (int m = 0; m < NMAT; ++m)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc_odd[m][nt][k] = 0.f;
-  }
+  float acc_odd[NMAT][NT][4] = {};
   const int n = ce - cb;
   if (n <= 0) {
     cuda::pdl::wait();
