@@ -310,6 +310,7 @@ int main(int argc, char** argv) {
   ok(cudaStreamCreate(&g_s), "stream");
   if (argc > 1 && std::strcmp(argv[1], "--profile") == 0) {  // a few launches for ncu
     g_copy_bw = 4.2e12;
+    g_act = cudalin::ActFormat::kF16;  // the engine's activations (the FP8 GEMV and the MoE kernels it runs)
     bench_gemv(false, 4096, 4096, {1}, true, false, " profile");
     bench_gemv(true, 2048, 4096, {1}, true, false, " profile");
     bench_moe(true, false);

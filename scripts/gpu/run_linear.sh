@@ -6,7 +6,8 @@
 # Prebuilt binaries: carry "build-lin-bin" (test_cuda_gemv, test_cuda_moe_decode, test_cuda_prefill,
 # bench_cuda_linear built here for 90a) to skip the device build; they are used when all their libraries load.
 # Step time limits: LIN_TEST_S (default 90 s per test binary), LIN_BENCH_S (120), LIN_TORCH_S (60); the torch
-# peer is skipped once LIN_SKIP_TORCH_AFTER seconds (default 100000) have passed. LIN_TESTS: the test binaries.
+# peer is skipped once LIN_SKIP_TORCH_AFTER seconds (default 100000) have passed. LIN_TESTS: the test binaries
+# (none: no tests).
 set -uo pipefail
 FINAL=${OUT:-build-gpu-linear/out}
 mkdir -p "$FINAL"
@@ -49,6 +50,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 status=0
 summary=""
 for t in $TESTS; do
+  [ "$t" = none ] && continue  # LIN_TESTS=none: benchmarks only
   OMP_NUM_THREADS=$JOBS timeout "${LIN_TEST_S:-90}" "$BIN/$t" > "$RESULTS/$t.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1 && { echo "== $t rc=$rc"; grep -E "Failure|FAILED|Expected|Which is|rel_norm|error|not deterministic|Value of|Actual" "$RESULTS/$t.log" | head -40; tail -3 "$RESULTS/$t.log"; }
@@ -74,6 +76,30 @@ if [ "${LIN_NCU:-0}" = 1 ]; then
   else
     echo "ncu not found"
   fi
+fi
+# LIN_NCU_SOURCE="REGEX ...": per matching kernel (its third launch in `bench_cuda_linear --profile`, f16 activations
+# as in the engine), Nsight Compute's per-instruction executed counts and stall samples (`--page source --csv`),
+# all packed into $OUT/ncu_source.tar.xz (one CSV of ~3,500 lines per MoE kernel: uncompressed, two of them with
+# the logs exceeded the 16 MiB a returned file may have in run 147), and the details page into ncu_source.txt.
+if [ -n "${LIN_NCU_SOURCE:-}" ]; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  SRC=$RESULTS/ncu_source
+  mkdir -p "$SRC"
+  : > "$FINAL/ncu_source.txt"
+  i=0
+  for k in $LIN_NCU_SOURCE; do
+    i=$((i + 1))
+    timeout "${LIN_NCU_S:-90}" "$NCU" --kernel-name-base demangled -k regex:"$k" --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --section InstructionStats --section SpeedOfLight \
+      --section Occupancy --import-source no -f -o "$SRC/p$i" "$BIN/bench_cuda_linear" --profile > "$SRC/ncu_$i.log" 2>&1 ||
+      echo "ncu source $k rc=$?"
+    if [ -f "$SRC/p$i.ncu-rep" ]; then
+      { echo "== $k"; "$NCU" -i "$SRC/p$i.ncu-rep" --page details; } >> "$FINAL/ncu_source.txt" 2>&1
+      "$NCU" -i "$SRC/p$i.ncu-rep" --page source --csv --print-source sass > "$SRC/source_$i.csv" 2>&1
+      rm -f "$SRC/p$i.ncu-rep"
+    fi
+  done
+  tar -C "$SRC" -cJf "$FINAL/ncu_source.tar.xz" . && ls -la "$FINAL/ncu_source.tar.xz"
 fi
 # LIN_SASS="regex": static SASS instruction counts of the matching kernels (scripts/gpu/sass_count.py) from the
 # freshly built library (needs the build above, not prebuilt binaries).
