@@ -109,8 +109,10 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   constexpr bool PF = PREFETCH < 0 ? NT == 1 : PREFETCH == 1;  // activation prefetch where registers allow
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint32_t byte_t = fp4_byte_selector(t);  // FP4 + H16: this lane's scale byte of a ring scale word
-  // FP4: the odd k16 steps' MMA chain (the even steps accumulate into acc itself), added to acc at the end; one
-  // pair of chains for the whole K range instead of per chunk (no per-chunk zeroing and adds).
+  // FP4 + H16: the odd k16 steps' MMA chain (the even steps accumulate into acc itself), added to acc at the end;
+  // one pair of chains for the whole K range instead of per chunk (no per-chunk zeroing and adds). Not for the
+  // bf16 FP4 kernels: the 8 extra live registers made their lean w1/w3 variant spill at its 80-register bound.
+  constexpr bool kChainsAcross = FP4 && H16;
   float acc_odd[NMAT][NT][4] = {};
   const int n = ce - cb;
   if (n <= 0) {
@@ -279,8 +281,8 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
       for (int nt = 0; nt < NT; ++nt) {
         if (nt >= nt_valid) break;
         if constexpr (!PF) load_act_lane<FP4>(cur[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
-        // Two independent MMA chains (even / odd k16 steps). FP4: straight into acc and acc_odd (no per-chunk
-        // scale); FP8: per chunk, then scaled into acc.
+        // Two independent MMA chains (even / odd k16 steps). kChainsAcross: straight into acc and acc_odd;
+        // otherwise per chunk, then added (bf16 FP4) or scaled (FP8, the chunk's block scale) into acc.
         float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (H16 && FP4) {
           uint32_t bf[8][2];
@@ -302,13 +304,16 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
           act_frags<FP4>(cur[nt], bf);
 #pragma unroll
           for (int s = 0; s < 8; s += 2) {
-            mma(FP4 ? acc[m][nt] : t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
-            mma(FP4 ? acc_odd[m][nt] : t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
+            mma(t0, af[s][0], af[s][1], af[s][2], af[s][3], bf[s][0], bf[s][1]);
+            mma(t1, af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf[s + 1][0], bf[s + 1][1]);
           }
         }
-        if constexpr (!FP4) {
+        if constexpr (!kChainsAcross) {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) acc[m][nt][k] = fmaf(t0[k] + t1[k], scm[m], acc[m][nt][k]);
+          for (int k = 0; k < 4; ++k) {
+            if constexpr (FP4) acc[m][nt][k] += t0[k] + t1[k];
+            else acc[m][nt][k] = fmaf(t0[k] + t1[k], scm[m], acc[m][nt][k]);
+          }
         }
       }
     }
@@ -320,7 +325,7 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   }
   if (i < n) body(i, actA, actB);
   cp_wait<0>();
-  if constexpr (FP4) {
+  if constexpr (kChainsAcross) {
 #pragma unroll
     for (int m = 0; m < NMAT; ++m)
 #pragma unroll
