@@ -1,5 +1,6 @@
 #include "engine/kv_state.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -38,7 +39,19 @@ KvCodec::KvCodec(KvDtype dtype, int dim, int rope_dim, int scale_block)
   }
 }
 
+namespace {
+std::atomic<float> g_encode_nudge{0.f};
+}
+void set_kv_encode_nudge(float rel) { g_encode_nudge.store(rel, std::memory_order_relaxed); }
+float kv_encode_nudge() { return g_encode_nudge.load(std::memory_order_relaxed); }
+
 void KvCodec::encode(const float* x, uint8_t* out) const {
+  if (const float nudge = kv_encode_nudge(); nudge != 0.f && dtype_ != KvDtype::kF32) {
+    thread_local std::vector<float> nudged;
+    nudged.assign(x, x + dim_);
+    for (float& v : nudged) v *= 1.f + nudge;
+    x = nudged.data();
+  }
   switch (dtype_) {
     case KvDtype::kF32: std::memcpy(out, x, 4u * dim_); return;
     case KvDtype::kBF16:

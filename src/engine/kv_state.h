@@ -43,6 +43,13 @@ class KvCodec {
   size_t row_bytes_;
 };
 
+// Test instrumentation (tests/tools/kv_rounding_sensitivity.cc, the GPU engine test's bf16 / fp8 KV bound): while
+// set to a nonzero rel, KvCodec::encode multiplies every value by (1 + rel) before rounding it to a 16- or 8-bit
+// KV format, so that values within ~rel of a rounding boundary land on the other code, as another
+// implementation's slightly different fp32 values do. f32 KV is never touched. 0 (the default): no effect.
+void set_kv_encode_nudge(float rel);
+float kv_encode_nudge();
+
 // Fixed-size pages of rows. Thread-safe.
 class PagePool {
  public:

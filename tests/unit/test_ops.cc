@@ -281,6 +281,27 @@ TEST(KvCodec, Fp8LayoutIs584BytesAndRoundTripIsBounded) {
   EXPECT_THROW(KvCodec(KvDtype::kFP8, 100, 64, 64), Error);  // 36 non-RoPE dims: not a multiple of 64
 }
 
+// set_kv_encode_nudge (test instrumentation): a value just below a bf16 rounding midpoint goes to the upper
+// code while the nudge is set, every value is untouched in f32 KV, and 0 restores the plain rounding.
+TEST(KvCodec, EncodeNudgeFlipsValuesNearARoundingBoundary) {
+  KvCodec bf16(KvDtype::kBF16, 64, 0, 64), f32(KvDtype::kF32, 64, 0, 64);
+  std::vector<float> x(64, 1.0f);
+  x[0] = 1.0f + 0x1p-8f - 0x1p-23f;  // 1 ulp (fp32) below the midpoint of bf16's 1 and 1 + 2^-7
+  std::vector<float> y = x, z = x, w = x;
+  bf16.round_trip(y.data());
+  EXPECT_EQ(y[0], 1.0f);
+  set_kv_encode_nudge(0x1p-20f);
+  bf16.round_trip(z.data());
+  f32.round_trip(w.data());
+  set_kv_encode_nudge(0.f);
+  EXPECT_EQ(z[0], 1.0f + 0x1p-7f);
+  EXPECT_EQ(z[1], 1.0f);  // far from a boundary: the same code
+  EXPECT_EQ(w, x);
+  std::vector<float> v = x;
+  bf16.round_trip(v.data());
+  EXPECT_EQ(v, y);
+}
+
 TEST(KvCodec, UnknownDtypeNameIsAnError) {
   EXPECT_EQ(parse_kv_dtype("fp8"), KvDtype::kFP8);
   try {
