@@ -33,6 +33,7 @@ using namespace ptx;
 using idx::cp_async;
 using idx::key_row;
 using idx::rope_q4;
+using idx::rope_q4_at;
 using idx::rope_r0;
 
 constexpr int kH = kIndexerHeads;  // 64
@@ -338,17 +339,7 @@ __global__ void __launch_bounds__(32 * KeyFmt<F>::kWarps, F == IndexerKeyFormat:
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
       float4& v = qv[ks];
-      const int d = 32 * cc + 4 * ks;
-      if (d >= r0) {  // rope_q4's rotation (the same rope_apply), with the factor row addressed once
-        const float2 lo = rope_apply(v.x, v.y, __ldg(csr + 2 * ks));
-        v.x = lo.x;
-        v.y = lo.y;
-      }
-      if (d + 2 >= r0) {
-        const float2 hi = rope_apply(v.z, v.w, __ldg(csr + 2 * ks + 1));
-        v.z = hi.x;
-        v.w = hi.y;
-      }
+      v = rope_q4_at(csr + 2 * ks, v, 32 * cc + 4 * ks, r0);  // the factor row addressed once (csr)
       m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));

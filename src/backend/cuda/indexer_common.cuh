@@ -25,20 +25,23 @@ __device__ __forceinline__ const uint8_t* key_row(const IndexerArgs& a, int s, i
 
 // IndexerArgs::rope_cs: dims d .. d + 3 (d % 4 == 0) of one head of query s's q, rotated where they fall in the
 // RoPE block (dims r0 .. 127, r0 = 128 - 2 n_freq, even) with rope.cuh's rope_apply: the bits of rope_rotate.
-// r0 = 128 (no rope_cs) leaves v as it is.
-__device__ __forceinline__ float4 rope_q4(const IndexerArgs& a, int s, float4 v, int d, int r0) {
-  const float2* cs = a.rope_cs + static_cast<int64_t>(s) * a.rope_n_freq;
+// r0 = 128 (no rope_cs) leaves v as it is. rope_q4_at takes cs_d, the factor pair of dims d, d + 1 (row of query
+// s + (d - r0) / 2; only read where d >= r0), for callers that address the row once (the streaming kernel).
+__device__ __forceinline__ float4 rope_q4_at(const float2* cs_d, float4 v, int d, int r0) {
   if (d >= r0) {
-    const float2 lo = rope_apply(v.x, v.y, __ldg(cs + ((d - r0) >> 1)));
+    const float2 lo = rope_apply(v.x, v.y, __ldg(cs_d));
     v.x = lo.x;
     v.y = lo.y;
   }
   if (d + 2 >= r0) {
-    const float2 hi = rope_apply(v.z, v.w, __ldg(cs + ((d + 2 - r0) >> 1)));
+    const float2 hi = rope_apply(v.z, v.w, __ldg(cs_d + 1));
     v.z = hi.x;
     v.w = hi.y;
   }
   return v;
+}
+__device__ __forceinline__ float4 rope_q4(const IndexerArgs& a, int s, float4 v, int d, int r0) {
+  return rope_q4_at(a.rope_cs + static_cast<int64_t>(s) * a.rope_n_freq + ((d - r0) >> 1), v, d, r0);
 }
 
 // The first rotated dim: 128 - 2 rope_n_freq with rope_cs, else 128 (nothing rotated).
