@@ -275,23 +275,26 @@ TEST_F(GpuEngine, ExactModeContinuousF32KvMatchesCpu) {
 // (tests/tools/kv_rounding_sensitivity). bound = base + 2 * max(d_q, d_flip). Only the continuous model is
 // used: on the selective one a flipped code can flip an indexer or router choice, a jump no bound covers
 // (measured on the H200, 2026-11-30: 0.19..0.64 with fp8 KV even in exact mode).
-// The largest row error (row_error) between a CPU run in a rounding format (a KV dtype, or bf16 activations)
-// and the fp32 CPU run, both teacher-forced with the same tokens: the format's own effect on the logits.
-double format_effect(const char* what, const char* format, const std::vector<GreedyRun>& run,
-                     const std::vector<GreedyRun>& f32_run) {
+// The largest row error (row_error) of run against ref over every sequence and step (both teacher-forced with
+// the same tokens).
+double max_row_error(const std::vector<GreedyRun>& run, const std::vector<GreedyRun>& ref) {
   double d = 0;
   for (size_t i = 0; i < run.size(); ++i)
-    for (size_t k = 0; k < run[i].logits.size(); ++k) d = std::max(d, row_error(run[i].logits[k], f32_run[i].logits[k]));
+    for (size_t k = 0; k < run[i].logits.size(); ++k) d = std::max(d, row_error(run[i].logits[k], ref[i].logits[k]));
+  return d;
+}
+// A CPU run in a rounding format (a KV dtype, or bf16 activations) against the fp32 CPU run: the format's own
+// effect on the logits.
+double format_effect(const char* what, const char* format, const std::vector<GreedyRun>& run,
+                     const std::vector<GreedyRun>& f32_run) {
+  const double d = max_row_error(run, f32_run);
   std::printf("%s: d_q (CPU, %s vs fp32) = %.3e\n", what, format, d);
   return d;
 }
 // max(d_q, d_flip) for this KV dtype on the continuous model (the comment above).
 double GpuEngine::kv_rounding_effect(const char* what, KvDtype kv) {
   const double dq = format_effect(what, "this KV dtype", cpu(0, kv), cpu(0, KvDtype::kF32));
-  double df = 0;
-  const auto &plain = cpu(0, kv), &nudged = cpu(0, kv, false, true);
-  for (size_t i = 0; i < plain.size(); ++i)
-    for (size_t k = 0; k < plain[i].logits.size(); ++k) df = std::max(df, row_error(nudged[i].logits[k], plain[i].logits[k]));
+  const double df = max_row_error(cpu(0, kv, false, true), cpu(0, kv));
   std::printf("%s: d_flip (CPU, this KV dtype, values nudged by 2^-20 before rounding) = %.3e\n", what, df);
   return std::max(dq, df);
 }
@@ -303,8 +306,8 @@ TEST_F(GpuEngine, ExactModeBf16Fp8KvMatchCpu) {
                                             : "continuous model, exact, fp8 KV vs CPU fp8 KV";
     const auto& f32 = cpu(0, KvDtype::kF32);
     const auto& c = cpu(0, kv);
-    const double dq = kv_rounding_effect(name, kv);
-    compare(name, gpu(0, test_options(kv, true), f32), c, 5e-4 + 2 * dq, false);
+    const double d_kv = kv_rounding_effect(name, kv);
+    compare(name, gpu(0, test_options(kv, true), f32), c, 5e-4 + 2 * d_kv, false);
   }
 }
 
@@ -356,8 +359,8 @@ TEST_F(GpuEngine, KernelsBf16Fp8KvMatchCpu) {
                                             : "continuous model, kernels, fp8 KV vs CPU fp8 KV";
     const auto& f32 = cpu(0, KvDtype::kF32);
     const auto& c = cpu(0, kv);
-    const double dq = kv_rounding_effect(name, kv);
-    compare(name, gpu(0, test_options(kv), f32), c, 2e-2 + 2 * dq, false);
+    const double d_kv = kv_rounding_effect(name, kv);
+    compare(name, gpu(0, test_options(kv), f32), c, 2e-2 + 2 * d_kv, false);
   }
 }
 
@@ -483,9 +486,9 @@ void GpuEngine::chunked_prefill_matches_cpu(int chunk, const std::string& varian
   if (tweak) tweak(kern);
   const auto& f32 = cpu(0, KvDtype::kF32);
   const auto& c8 = cpu(0, KvDtype::kFP8);
-  const double dq = kv_rounding_effect("continuous model, fp8 KV", KvDtype::kFP8);
+  const double d_kv = kv_rounding_effect("continuous model, fp8 KV", KvDtype::kFP8);
   compare(("continuous model, kernels, " + what + ", fp8 KV vs CPU fp8 KV:").c_str(), gpu(0, kern, f32), c8,
-          2e-2 + 2 * dq, false);
+          2e-2 + 2 * d_kv, false);
 }
 
 TEST_F(GpuEngine, ChunkedPrefillMatchesCpu) {
