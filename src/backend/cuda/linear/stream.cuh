@@ -203,10 +203,22 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   };
   if constexpr (PF) load_acts(actA, cb);
 
+  // kEarlyAct (the lean f16 MXFP4 kernels, no prefetch): the chunk's activations are loaded once, right after the
+  // ring refill is issued and before its wait (not once per matrix just before the MMAs), their B fragments are
+  // built once for all NMAT matrices, and each word q of the weights is multiplied as soon as it is converted, so
+  // that 8 fragment registers are live instead of 32 (80 registers, no spill on sm_90a / 120a / 121a). Nsight
+  // Compute (twenty-fifth session, run 150): the first use of the late load was the lean kernels' hottest stall.
+  // The same sums in the same order as the generic path.
+  constexpr bool kEarlyAct = FP4 && H16 && PREFETCH == 0;
   auto body = [&](int i, Act32 (&cur)[NT], Act32 (&nxt)[NT]) {
+    const int c = cb + i;
     if (i + STAGES - 1 < n) issue(i + STAGES - 1);
     cp_commit();
-    const int c = cb + i;
+    if constexpr (kEarlyAct) {  // unconditional writes: no register set stays live across chunks
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        load_act_lane<FP4>(cur[nt], nt < nt_valid && xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
+    }
     if constexpr (PF) {
       if (i + 1 < n) load_acts(nxt, c + 1);
     }
@@ -218,6 +230,11 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
     }
     cp_wait<STAGES - 1>();
     const uint4* st = ring + (i % STAGES) * (NMAT * U4);
+    uint32_t bf_early[NT][8][2];  // kEarlyAct: B fragments (the same values for every matrix)
+    if constexpr (kEarlyAct) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) act_frags<false>(cur[nt], bf_early[nt]);
+    }
     // One matrix at a time (32 fragment registers live), each against every n-tile.
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) {
@@ -241,6 +258,16 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
           af[2 * q + 1][1] = hmul2(e4m3x2_f16_hi(eb), fb);
           af[2 * q + 1][2] = hmul2(e4m3x2_f16_hi(oa), fa);
           af[2 * q + 1][3] = hmul2(e4m3x2_f16_hi(ob), fb);
+          if constexpr (kEarlyAct) {  // word q's two k16 steps now
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              if (nt >= nt_valid) break;
+              const int s = 2 * q;
+              mma_f16(acc[m][nt], af[s][0], af[s][1], af[s][2], af[s][3], bf_early[nt][s][0], bf_early[nt][s][1]);
+              mma_f16(acc_odd[m][nt], af[s + 1][0], af[s + 1][1], af[s + 1][2], af[s + 1][3], bf_early[nt][s + 1][0],
+                      bf_early[nt][s + 1][1]);
+            }
+          }
         }
       } else if constexpr (FP4) {
         const uint4 w0 = lds128(sm + lane), w1 = lds128(sm + 32 + lane);
@@ -278,9 +305,9 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+      for (int nt = 0; nt < (kEarlyAct ? 0 : NT); ++nt) {  // (kEarlyAct: multiplied above)
         if (nt >= nt_valid) break;
-        if constexpr (!PF) load_act_lane<FP4>(cur[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
+        if constexpr (!PF && !kEarlyAct) load_act_lane<FP4>(cur[nt], xr[nt] ? xr[nt] + int64_t(c) * 128 : nullptr);
         // Two independent MMA chains (even / odd k16 steps). kChainsAcross: straight into acc and acc_odd;
         // otherwise per chunk, then added (bf16 FP4) or scaled (FP8, the chunk's block scale) into acc.
         float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
