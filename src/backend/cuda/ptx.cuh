@@ -88,19 +88,23 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 }
 
 // Whether this block is the last of `expected` blocks to arrive at *counter; the whole block calls it after
-// its global writes, with `flag` a __shared__ variable. The writes are fenced before the block counts itself
-// in, and the last block fences again before it reads the others' writes. That block re-arms the counter
-// (*counter = 0) when it is done, for the next launch or graph replay. (The split-K reduction of the GEMVs and
-// the one-token hc_pre kernel.)
+// its global writes, with `flag` a __shared__ variable. The block's writes are fenced before it counts itself
+// in, and the last block fences again before it reads the others' writes (which it must read from L2: __ldcg).
+// Only the counting thread fences, as cooperative groups' grid sync does: the barrier before orders every
+// thread's writes before that thread's fence and atomic (release), and the barrier after orders its second
+// fence (acquire) before everyone's reads. That block re-arms the counter (*counter = 0) when it is done, for
+// the next launch or graph replay. (The split-K reduction of the GEMVs and the one-token hc_pre kernel; the MoE
+// decode's w2 counts per pair in the same way.)
 template <typename Flag>
 __device__ __forceinline__ bool last_block_to_arrive(int* counter, int expected, Flag& flag) {
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) flag = atomicAdd(counter, 1) == expected - 1;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    flag = atomicAdd(counter, 1) == expected - 1;
+    if (flag) __threadfence();
+  }
   __syncthreads();
-  if (!flag) return false;
-  __threadfence();
-  return true;
+  return flag;
 }
 
 }  // namespace dsv4::cuda::ptx
