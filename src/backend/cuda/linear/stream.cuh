@@ -9,7 +9,9 @@
 // so no barrier is needed: cp.async.wait_group orders a lane's own copies.
 // FP8 tile scales: one register per lane holds chunk cb+lane's scale (shuffled out per chunk). MXFP4 scales
 // (4 bytes per row and chunk) travel in the ring with the weights.
-// Activations (L1/L2) are loaded one chunk ahead into registers when NT <= 2.
+// Activations (L1/L2) are loaded one chunk ahead into registers when NT == 1 (the default PREFETCH); the lean
+// kernels (PREFETCH = 0, fewer registers) load a chunk's activations when the chunk starts (f16 MXFP4: once, before
+// the ring wait; see kEarlyAct).
 // H16: the activations are f16 instead of bf16 and the MMAs f16. FP8: each e4m3 pair becomes an f16 pair in
 // one cvt instruction (the bf16 path needs ~4 integer instructions per pair), and the activations need no
 // byte permutes (word s of a lane's weights is k = 4s..4s+3 in order). MXFP4: nibbles -> e4m3 bytes by
