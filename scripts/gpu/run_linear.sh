@@ -13,7 +13,8 @@ FINAL=${OUT:-build-gpu-linear/out}
 mkdir -p "$FINAL"
 RESULTS=$(mktemp -d)  # every log; packed into $FINAL/logs.tgz, the main ones also copied (at most 8 files back)
 pack() {
-  tar -czf "$FINAL/logs.tgz" -C "$RESULTS" .
+  # (not the binaries, ~45 MB, nor the ncu source CSVs, packed apart: a returned file may have at most 16 MiB)
+  tar -czf "$FINAL/logs.tgz" --exclude=./bin --exclude=./ncu_source -C "$RESULTS" .
   cp "$RESULTS"/bench.log "$RESULTS"/torch_peer.log "$RESULTS"/test_cuda_*.log "$FINAL"/ 2>/dev/null
 }
 trap pack EXIT
