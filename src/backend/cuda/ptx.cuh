@@ -87,22 +87,26 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// One thread counts its block in at *counter and says whether it was the `expected`-th (last) arrival. The
+// caller has synchronised the block after its global writes: the barrier orders every thread's writes before
+// this thread's fence and atomic (release), and the fence after a last arrival (acquire) comes before the block
+// barrier the caller places ahead of everyone's reads of the other blocks' writes (which must come from L2:
+// __ldcg). Only the counting thread fences, as cooperative groups' grid sync does.
+__device__ __forceinline__ bool count_arrival(int* counter, int expected) {
+  __threadfence();
+  const bool last = atomicAdd(counter, 1) == expected - 1;
+  if (last) __threadfence();
+  return last;
+}
+
 // Whether this block is the last of `expected` blocks to arrive at *counter; the whole block calls it after
-// its global writes, with `flag` a __shared__ variable. The block's writes are fenced before it counts itself
-// in, and the last block fences again before it reads the others' writes (which it must read from L2: __ldcg).
-// Only the counting thread fences, as cooperative groups' grid sync does: the barrier before orders every
-// thread's writes before that thread's fence and atomic (release), and the barrier after orders its second
-// fence (acquire) before everyone's reads. That block re-arms the counter (*counter = 0) when it is done, for
-// the next launch or graph replay. (The split-K reduction of the GEMVs and the one-token hc_pre kernel; the MoE
-// decode's w2 counts per pair in the same way.)
+// its global writes, with `flag` a __shared__ variable (count_arrival in thread 0 between two barriers). That
+// block re-arms the counter (*counter = 0) when it is done, for the next launch or graph replay. (The split-K
+// reduction of the GEMVs and the one-token hc_pre kernel; the MoE decode's w2 counts per pair.)
 template <typename Flag>
 __device__ __forceinline__ bool last_block_to_arrive(int* counter, int expected, Flag& flag) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    flag = atomicAdd(counter, 1) == expected - 1;
-    if (flag) __threadfence();
-  }
+  if (threadIdx.x == 0) flag = count_arrival(counter, expected);
   __syncthreads();
   return flag;
 }

@@ -487,18 +487,13 @@ __global__ void __launch_bounds__(MW * 32, LEAN ? lean_blocks(MW) : moe2_min_blo
   }
   cuda::pdl::wait();  // (no-op after stream_warp's) before any write
   cuda::pdl::trigger();
-  // Arrival count per (token, row block); the pair completing its token's valid slots combines the token.
-  // Fences only in the threads that count (as cooperative groups' grid sync does): the barrier orders every
-  // thread's ybuf writes before the arriving thread's fence and atomic (release), and that thread's fence after
-  // an atomic that completes a token (acquire) before the barrier that precedes everyone's reads of the other
-  // blocks' rows (L2 loads, __ldcg). One fence per pair instead of two per thread (w2's membar stalls, run 150).
+  // Arrival count per (token, row block); the pair completing its token's valid slots combines the token
+  // (ptx::count_arrival: fences only in the counting threads; the combine reads ybuf through L2).
   __syncthreads();
   for (int j = threadIdx.x; j < sl.ntok; j += blockDim.x) {
     const int tok = s_pid[j] / a.top_k;
-    __threadfence();
-    const int prev = atomicAdd(&a.counters[tok * gridDim.x + blockIdx.x], 1);
-    s_last[j] = prev == valid_slots(a.idx, tok, a.top_k, a.E) - 1;
-    if (s_last[j]) __threadfence();
+    s_last[j] =
+        cuda::ptx::count_arrival(&a.counters[tok * gridDim.x + blockIdx.x], valid_slots(a.idx, tok, a.top_k, a.E));
   }
   __syncthreads();
   for (int j = 0; j < sl.ntok; ++j) {
