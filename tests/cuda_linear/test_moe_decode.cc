@@ -176,6 +176,24 @@ TEST(CudaMoeDecode, F16ScaleRange) {
   }
 }
 
+// The kernels' alignment contract (16-byte weights, 4-byte scales; no unaligned path in their loop): the test
+// experts pass, and a pointer one byte (or, for weights, four bytes) off fails. Host only.
+TEST(CudaMoeDecode, ExpertAlignment) {
+  alignas(16) static uint8_t buf[64];
+  const cudalin::DevExpert good{buf, buf + 16, buf + 32, buf + 4, buf + 48, buf + 8};
+  EXPECT_TRUE(cudalin::moe_expert_aligned(good));
+  for (int f = 0; f < 6; ++f) {
+    cudalin::DevExpert e = good;
+    const uint8_t** p[6] = {&e.w1, &e.s1, &e.w3, &e.s3, &e.w2, &e.s2};
+    *p[f] += 1;
+    EXPECT_FALSE(cudalin::moe_expert_aligned(e)) << "field " << f << " + 1";
+    if (f % 2 == 0) {  // weights: 4-byte alignment is not enough
+      *p[f] += 3;
+      EXPECT_FALSE(cudalin::moe_expert_aligned(e)) << "field " << f << " + 4";
+    }
+  }
+}
+
 // The 8-warp block layout of the v2 kernels (set_moe_block_warps(8); the default is 4 warps per block).
 TEST(CudaMoeDecode, EightWarpBlocks) {
   DSV4_REQUIRE_GPU();

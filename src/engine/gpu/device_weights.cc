@@ -198,6 +198,8 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
       DevLinear w1 = put(e.w1), w2 = put(e.w2), w3 = put(e.w3);
       d.expert_fmt = e.w1.fmt;
       ex.push_back({w1.g.w, w1.g.scale, w3.g.w, w3.g.scale, w2.g.w, w2.g.scale});
+      if (e.w1.fmt == WeightFormat::kFP4 && !cudalin::moe_expert_aligned(ex.back()))
+        fail("layer ", i, " expert ", ex.size() - 1, ": MXFP4 weights or scales not 16- / 4-byte aligned on the device");
       ex_exact.push_back({w1.g, w2.g, w3.g});
     }
     static_assert(sizeof(cudalin::DevExpert) + sizeof(glue::Expert) <= kDeviceExpertTableBytes,

@@ -99,6 +99,10 @@ void cast_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream
 struct DevExpert {
   const uint8_t *w1, *s1, *w3, *s3, *w2, *s2;
 };
+// The MoE decode kernels copy an expert's weights in 16-byte and its scales in 4-byte pieces (cp.async, no
+// fallback in the loop): true when every w pointer is 16-byte and every scale pointer 4-byte aligned. The loader
+// refuses an expert for which this is false (device_weights.cc); cudaMalloc'd tensors always pass.
+bool moe_expert_aligned(const DevExpert& e);
 
 struct MoeShape {
   int hidden = 4096, inter = 2048, n_experts = 256, top_k = 6;

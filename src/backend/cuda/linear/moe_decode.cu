@@ -653,6 +653,11 @@ int chunks_per_warp(int K, const char* what, const MoeShape& s) {
 
 }  // namespace
 
+bool moe_expert_aligned(const DevExpert& e) {
+  auto at = [](const uint8_t* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
+  return at(e.w1, 16) && at(e.w3, 16) && at(e.w2, 16) && at(e.s1, 4) && at(e.s3, 4) && at(e.s2, 4);
+}
+
 void set_moe_ksplit(int ks) { g_force_moe_ks = ks; }
 void set_moe_max_ntiles(int nt) {
   if (nt != 1 && nt != 2 && nt != 4 && nt != 8)

@@ -137,11 +137,14 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
   }
   rstride = FP4 ? 8 * (K / 2) : 8 * K;
   const int64_t sstride = 8 * (K / 32);
-  bool s_aligned = true;
-  if constexpr (FP4) {
+  // kRunPtr: a running weight pointer, advanced by one chunk right before its copies (issue() runs for i = 0, 1,
+  // ... in order), instead of the chunk's address rebuilt from wsrc into registers an in-flight copy still reads
+  // (run 150's LDGSTS stall). f16 w2 only (75 registers): w1/w3 then spilled 12 bytes at their 80-register bound
+  // and lost 3% (run 156); the lean bf16 w2 spilled 4 bytes. Run 156: T = 1 47.5 -> 46.8 us.
+  constexpr bool kRunPtr = FP4 && H16 && NMAT == 1;
+  const uint8_t* wrun[NMAT];
 #pragma unroll
-    for (int m = 0; m < NMAT; ++m) s_aligned = s_aligned && (reinterpret_cast<uintptr_t>(S[m]) & 3u) == 0 && (K / 32) % 4 == 0;
-  }
+  for (int m = 0; m < NMAT; ++m) wrun[m] = wsrc[m] + int64_t(cb - 1) * 64;
   auto issue = [&](int i) {
     const int c = cb + i;
     uint4* st = ring + (i % STAGES) * (NMAT * U4);
@@ -149,19 +152,15 @@ __device__ __forceinline__ void stream_warp(uint4* ring, const uint8_t* const (&
     for (int m = 0; m < NMAT; ++m) {
       uint4* sm = st + m * U4;
       if constexpr (FP4) {
-        const uint8_t* p = wsrc[m] + int64_t(c) * 64;
+        const uint8_t* p;
+        if constexpr (kRunPtr) p = (wrun[m] += 64);
+        else p = wsrc[m] + int64_t(c) * 64;
         cp_async16(smem_u32(sm + lane), p);
         cp_async16(smem_u32(sm + 32 + lane), p + rstride);
         uint32_t* sc = reinterpret_cast<uint32_t*>(sm + 64) + 2 * lane;
         const uint8_t* q = ssrc[m] + int64_t(c) * 4;
-        if (s_aligned) {
-          cp_async4(smem_u32(sc), q);
-          cp_async4(smem_u32(sc + 1), q + sstride);
-        } else {  // unaligned scale pointer: plain loads (correct, not streamed)
-          sc[0] = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
-          q += sstride;
-          sc[1] = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
-        }
+        cp_async4(smem_u32(sc), q);  // (scales 4-byte aligned: checked at load, moe_expert_aligned)
+        cp_async4(smem_u32(sc + 1), q + sstride);
       } else {
         const uint8_t* p = wsrc[m] + int64_t(c) * 128;
         cp_async16(smem_u32(sm + lane), p);
