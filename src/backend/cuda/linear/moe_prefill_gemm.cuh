@@ -8,6 +8,7 @@
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/frag.cuh"
 #include "backend/cuda/linear/linear_cuda.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dsv4::cudalin::moep {
 
@@ -152,6 +153,34 @@ struct WeightRows {
   __device__ __forceinline__ void load(int kt, RawA& r) const {
     r.w0 = ld_stream8(w0 + kt * 32), r.w1 = ld_stream8(w1 + kt * 32);
     r.s0 = __ldg(s0 + kt * 2), r.s1 = __ldg(s1 + kt * 2);
+  }
+};
+
+// Kernel 3's weights through a per-warp shared-memory ring instead of registers (run 157): stage j holds lane
+// (g, t4)'s 8 bytes of rows g and g + 8 (the same bytes WeightRows::load reads) at byte 16 lane of the warp's
+// 512-byte stage, copied by that lane (cp.async of 8 bytes) and read back by it alone, so the copies need no
+// barrier, only the cp.async group waits the B ring already has. The scale bytes stay plain loads (4 per row
+// share a 32-bit word and the test's scale arrays may sit at odd addresses; they are L1 hits after the row's
+// first k-tiles).
+template <bool GATE, int S>
+struct WeightRing {
+  static constexpr int kStageBytes = 32 * 16;  // per warp
+  WeightRows<GATE> rows;
+  uint32_t slot;  // this lane's 16 bytes of stage 0
+  __device__ __forceinline__ WeightRing(const DevExpert& ex, int K, int warp, int g, int t4, uint32_t ring)
+      : rows(ex, K, warp, g, t4), slot(ring + warp * (S * kStageBytes) + 16 * (threadIdx.x & 31)) {}
+  __device__ __forceinline__ void copy(int kt) const {  // not committed
+    const uint32_t d = slot + (kt % S) * kStageBytes;
+    cuda::ptx::cp_async_s<8>(d, rows.w0 + kt * 32, 8);
+    cuda::ptx::cp_async_s<8>(d + 8, rows.w1 + kt * 32, 8);
+  }
+  __device__ __forceinline__ void load(int kt, RawA& r) const {  // k-tile kt's copies must have landed
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(slot + (kt % S) * kStageBytes));
+    r.w0 = make_uint2(v.x, v.y), r.w1 = make_uint2(v.z, v.w);
+    r.s0 = __ldg(rows.s0 + kt * 2), r.s1 = __ldg(rows.s1 + kt * 2);
   }
 };
 

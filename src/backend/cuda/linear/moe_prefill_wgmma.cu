@@ -64,9 +64,15 @@ __global__ void permute_act_kernel(const In* x, uint32_t* y, int64_t n2) {
 }
 
 constexpr int kStages = 6;  // B ring depth in k-tiles: three pairs, each pair published by one barrier
+// Token tiles of 32: the weights through a per-warp ring of kWStages k-tiles (WeightRing, 32 KB per block), eight
+// k-tiles ahead instead of in registers two ahead (WeightRows). Run 157: T = 512 (tile 32) 2.15 -> 2.01-2.02 ms;
+// at tile 64 (T = 2048, 8192) no gain (2.52 / 8.73 ms either way), so wider tiles keep the registers.
+constexpr int kWStages = 8;
 template <int BN>
-constexpr int wgmma_smem() {
-  return kStages * BN * kBK * 2 + 1024;  // + alignment of the tiles to 1024 bytes (the swizzle atom)
+constexpr bool kWeightRing = BN <= 32;
+template <int BN>
+constexpr int wgmma_smem() {  // + alignment of the tiles to 1024 bytes (the swizzle atom)
+  return kStages * BN * kBK * 2 + (kWeightRing<BN> ? (kThreads / 32) * kWStages * 512 : 0) + 1024;
 }
 
 // One block: kBM weight rows (two warpgroups of 64) x BN tokens of one expert's tile, all of K.
@@ -87,14 +93,25 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
 
   const DevExpert ex = a.experts[e];
   const int K = a.K, nk = K / kBK;
-  const WeightRows<GATE> wrows(ex, K, warp, g, t4);
+  constexpr bool kRing = kWeightRing<BN>;
+  const uint32_t sB = (smem_u32(smem) + 1023) & ~1023u;
+  const WeightRing<GATE, kWStages> wring(ex, K, warp, g, t4, sB + kStages * kBStage);
+  const WeightRows<GATE>& wrows = wring.rows;
+  auto load_w = [&](int kt, RawA& r) {
+    if constexpr (kRing) wring.load(kt, r);
+    else wrows.load(kt, r);
+  };
 
   const ActCopy<NB, GATE> bcopy(a, tt);
-  const uint32_t sB = (smem_u32(smem) + 1023) & ~1023u;
-  // B of k-tiles kt and kt + 1 into the stage pair at st (nk is even: K is a multiple of 128); always commits a
-  // group (empty past the end): uniform wait_group counts.
+  // B of k-tiles kt and kt + 1 into the stage pair at st (nk is even: K is a multiple of 128) and, with the weight
+  // ring, the weights of k-tiles kt + 4 and kt + 5 (in the loop, eight k-tiles ahead of the pair it runs in; the
+  // wait for kt's B then also covers the weights that pair loads, kt + 3 and kt + 4); always commits a group
+  // (empty past the end): uniform wait_group counts.
   auto cpB2 = [&](int kt, uint32_t st) {
     if (kt < nk) bcopy.copy(kt, st), bcopy.copy(kt + 1, st + kBStage);
+    if constexpr (kRing) {
+      if (kt + 4 < nk) wring.copy(kt + 4), wring.copy(kt + 5);
+    }
     cp_commit();
   };
 
@@ -104,13 +121,18 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
   // Prologue: B of k-tiles 0-3 in flight, the weights of 0 converted, of 1 and 2 in registers.
+  // With the weight ring: the weights of k-tiles 0-3 join B's first group, and that group is waited for here.
   RawA ra0, ra1;
   uint32_t af0[4][4], af1[4][4];
+  if constexpr (kRing) {
+    for (int kt = 0; kt < 4 && kt < nk; ++kt) wring.copy(kt);
+  }
   cpB2(0, sB), cpB2(2, sB + 2 * kBStage);
-  wrows.load(0, ra0);
-  if (nk > 1) wrows.load(1, ra1);
+  if constexpr (kRing) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  load_w(0, ra0);
+  if (nk > 1) load_w(1, ra1);
   raw_to_frags<F16>(ra0, af0);
-  if (nk > 2) wrows.load(2, ra0);
+  if (nk > 2) load_w(2, ra0);
   // Iteration kt: four wgmmas on kt's fragments and B stage st; while they run, k-tile kt + 1's weights become the
   // other fragments and their registers take kt + 3's.
   auto iter = [&](int kt, uint32_t st, const uint32_t (&af)[4][4], uint32_t (&af_next)[4][4], RawA& r_next) {
@@ -120,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_wgmma_kernel(GemmArgs a)
     wgmma::commit();
     if (kt + 1 < nk) {
       raw_to_frags<F16>(r_next, af_next);
-      if (kt + 3 < nk) wrows.load(kt + 3, r_next);
+      if (kt + 3 < nk) load_w(kt + 3, r_next);
     }
     wgmma::wait0();
   };
