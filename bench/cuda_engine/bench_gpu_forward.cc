@@ -11,7 +11,7 @@
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
 //                     [--moe-prefill-kernel N] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
 //                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch]
-//                     [--index-scores-always]
+//                     [--index-scores-always] [--moe-prefill-stats]
 //                     [--max-model-len N]
 // --repeat-layers K: GpuOptions::repeat_layers (the checkpoint's layers run K times over, same weights), so
 //   the step times are those of a K x L-layer model measured directly (the disk limits the checkpoint).
@@ -19,6 +19,9 @@
 // --max-model-len N: GpuOptions::max_model_len (default: the longest row + decode + 8). It caps the context
 //   bucket, and so the indexer's score columns (bucket / 4): a server's large max_model_len gives power-of-two
 //   buckets, e.g. 32,768 columns at contexts 64K-128K, where the default gives 16,390 at context 65,539.
+// --moe-prefill-stats: after each --prefill row, the routed experts' loads over its chunks (active experts, the
+//   largest load, tiles; cudalin::set_moe_prefill_route_stats: one stream synchronization per layer, so that
+//   row's time is not a speed figure).
 // --no-pdl: launch every kernel in plain stream order (no programmatic dependent launch), to compare.
 // --moe-ks N: force the MoE decode kernels' K splits (cudalin::set_moe_ksplit; 0 = the heuristic).
 // --no-overlap: GpuOptions::overlap_branches off (one stream).
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
   std::string model, kv = "fp8";
   std::vector<int> batches = {1, 4, 16, 64};
   int prompt = 512, decode = 32, full_layers = 43, prefill_chunk = 0, repeat_layers = 1;
+  bool route_stats = false;  // --moe-prefill-stats: the routed experts' loads in each prefill (syncs per layer)
   bool overlap = true, f16_act = true, hc_one_kernel = true, kv_side = true, indexer_fp8_q = false;
   gpu::GpuOptions defaults;
   bool slots_branches = defaults.slots_on_branches, shared_join_w2 = defaults.shared_join_at_w2;
@@ -248,6 +252,7 @@ int main(int argc, char** argv) {
     else if (a == "--glue-f32-linears") gemm_f32_linears = false;
     else if (a == "--indexer-fp8-q") indexer_fp8_q = true;
     else if (a == "--moe-prefill-bf16") moe_prefill_f16 = false;
+    else if (a == "--moe-prefill-stats") route_stats = true;
     else if (a == "--moe-prefill-kernel") cudalin::set_moe_prefill_kernel(std::atoi(next().c_str()));
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
@@ -358,9 +363,14 @@ int main(int argc, char** argv) {
       pb[0].return_logits = false;
       for (int k = 0; k < prefill; ++k) pb[0].tokens.push_back(2 + (k * 13) % (c.vocab_size - 2));
       cudaDeviceSynchronize();
+      if (route_stats) cudalin::set_moe_prefill_route_stats(true);  // (resets the summary)
       const double t0 = now_s();
       m->forward(pb);
       const double sec = now_s() - t0;
+      if (route_stats) {
+        std::printf("prefill %d: %s\n", prefill, cudalin::moe_prefill_route_stats().c_str());
+        cudalin::set_moe_prefill_route_stats(false);
+      }
       prefill_tps.emplace_back(prefill, prefill / sec);
       // Two warm-up steps, as for the batch rows: the first use of a (tokens, context bucket) graph key runs
       // eagerly and the second captures (gpu_model.cc), so with one the timed loop included a capture (until

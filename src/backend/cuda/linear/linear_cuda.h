@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "model/weights.h"
 
@@ -248,5 +249,10 @@ void set_moe_prefill_pipeline(int p);
 // tokens by default); 0 (default): 3 on compute capability 9.0, elsewhere 2 for token tiles of up to 64, 1 for
 // tiles of 128. The pipeline knob applies to kernel 1.
 void set_moe_prefill_kernel(int k);
+// Benchmark knob: when on, each moe_prefill call outside a graph capture synchronizes its stream once to read the
+// expert loads back, and moe_prefill_route_stats() summarizes them (calls, active experts, the largest load, tiles
+// and their fill at the chosen width), to tell a model's routes from the benchmarks' uniform ones.
+void set_moe_prefill_route_stats(bool on);
+std::string moe_prefill_route_stats();
 
 }  // namespace dsv4::cudalin

@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
@@ -627,6 +628,44 @@ void moe_prefill_workspace_destroy(MoePrefillWorkspace& ws) {
 }
 
 namespace {
+bool g_route_stats = false;
+struct RouteStats {
+  int64_t calls = 0, tokens = 0, active = 0, tiles = 0, pairs = 0, slots = 0, max_load = 0, max_load_max = 0;
+} g_stats;
+// set_moe_prefill_route_stats: the expert loads of this call (one stream synchronization; skipped while capturing).
+void add_route_stats(const MoePrefillWorkspace& ws, int E, int T, int BN, cudaStream_t stream) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &cs), "moe_prefill route stats");
+  if (cs != cudaStreamCaptureStatusNone) return;
+  std::vector<int> counts(E);
+  check_cuda(cudaMemcpyAsync(counts.data(), ws.counts, E * sizeof(int), cudaMemcpyDeviceToHost, stream),
+             "moe_prefill route stats");
+  check_cuda(cudaStreamSynchronize(stream), "moe_prefill route stats");
+  int64_t mx = 0;
+  g_stats.calls++, g_stats.tokens += T;
+  for (int c : counts) {
+    if (c <= 0) continue;
+    g_stats.active++, g_stats.pairs += c, mx = std::max<int64_t>(mx, c);
+    g_stats.tiles += (c + BN - 1) / BN, g_stats.slots += int64_t((c + BN - 1) / BN) * BN;
+  }
+  g_stats.max_load += mx, g_stats.max_load_max = std::max(g_stats.max_load_max, mx);
+}
+}  // namespace
+
+void set_moe_prefill_route_stats(bool on) {
+  g_route_stats = on;
+  g_stats = RouteStats{};
+}
+std::string moe_prefill_route_stats() {
+  const RouteStats& r = g_stats;
+  if (r.calls == 0) return "moe_prefill route stats: no calls";
+  const double n = double(r.calls);
+  return str_cat("moe_prefill route stats over ", r.calls, " calls (", r.tokens / r.calls, " tokens each): ",
+                 r.active / n, " active experts, largest load ", r.max_load / n, " pairs (max ", r.max_load_max,
+                 "), ", r.tiles / n, " tiles filled ", r.slots ? 100.0 * r.pairs / r.slots : 0.0, "%");
+}
+
+namespace {
 // x16: bf16 x, or (x32 set) nullptr: x32 is rounded to f16 into the workspace's ybuf, which the w2 GEMM only
 // writes after the w1/w3 GEMM has read x.
 void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_t* x16, const float* x32,
@@ -661,6 +700,7 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   check_cuda(cuda::launch(mark_kernel, dim3((T + 255) / 256), dim3(256), 0, stream, idx, T, K, E, ldm, ws.mark), "mark_kernel launch");
   check_cuda(cuda::launch(rank_kernel, dim3(E), dim3(256), 0, stream, idx, ws.mark, T, K, ldm, ws.rank, ws.counts), "rank_kernel launch");
   check_cuda(cuda::launch(offsets_kernel, dim3(1), dim3(1024), 0, stream, ws.counts, E, BN, ws.offsets, reinterpret_cast<int2*>(ws.tiles), ws.n_tiles), "offsets_kernel launch");
+  if (g_route_stats) add_route_stats(ws, E, T, BN, stream);
   check_cuda(cuda::launch(place_kernel, dim3((P + 255) / 256), dim3(256), 0, stream, idx, P, E, ws.rank, ws.offsets, ws.perm), "place_kernel launch");
 
   GemmArgs a{};
