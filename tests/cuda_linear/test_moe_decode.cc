@@ -176,8 +176,9 @@ TEST(CudaMoeDecode, F16ScaleRange) {
   }
 }
 
-// The kernels' alignment contract (16-byte weights, 4-byte scales; no unaligned path in their loop): the test
-// experts pass, and a pointer one byte (or, for weights, four bytes) off fails. Host only.
+// The kernels' alignment contract (16-byte weights, 4-byte scales; no unaligned path in their loop), which the
+// loader checks per expert: an aligned set passes, and a pointer one byte (or, for weights, four bytes) off fails.
+// Host only.
 TEST(CudaMoeDecode, ExpertAlignment) {
   alignas(16) static uint8_t buf[64];
   const cudalin::DevExpert good{buf, buf + 16, buf + 32, buf + 4, buf + 48, buf + 8};
