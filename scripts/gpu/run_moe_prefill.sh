@@ -44,6 +44,24 @@ if [ -n "${MOEP_NCU:-}" ] && command -v ncu > /dev/null; then
   echo "ncu rc=$?"
 fi
 
+# MOEP_NCU_SOURCE=T: Nsight Compute's per-instruction counts and stall samples (source page, SASS) of kernel 3's
+# f16 w1/w3 launch at T tokens (the bench's --profile T makes one bf16 then one f16 call: the third wgmma launch),
+# packed into $FINAL/ncu_source.tar.xz; `python3 scripts/gpu/ncu_stalls.py source.csv` reads it (twenty-sixth session).
+if [ -n "${MOEP_NCU_SOURCE:-}" ]; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  SRC=$(mktemp -d)
+  timeout ${NCU_TIMEOUT:-150} "$NCU" --kernel-name-base demangled -k regex:moe_gemm_wgmma_kernel --launch-skip 2 \
+    --launch-count 1 --section SourceCounters --section WarpStateStats --section InstructionStats \
+    --section SpeedOfLight --section Occupancy --import-source no -f -o "$SRC/p" "$bench" --profile "$MOEP_NCU_SOURCE" \
+    > "$FINAL/ncu_source.log" 2>&1 || echo "ncu source rc=$?"
+  if [ -f "$SRC/p.ncu-rep" ]; then
+    "$NCU" -i "$SRC/p.ncu-rep" --page details > "$FINAL/ncu_source.txt" 2>&1
+    "$NCU" -i "$SRC/p.ncu-rep" --page source --csv --print-source sass > "$SRC/source.csv" 2>&1
+    tar -C "$SRC" -cJf "$FINAL/ncu_source.tar.xz" source.csv && ls -la "$FINAL/ncu_source.tar.xz"
+  fi
+  rm -rf "$SRC"
+fi
+
 echo "== test lines (worst first by model error)"
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'model ' '{split($2, a, ","); print a[1], $0}' | sort -g | tail -4 | cut -d' ' -f2- | sed 's/moe_prefill //'
 grep -E "^moe_prefill(_f16)? hidden" "$FINAL/test.log" | awk -F'moe_forward ' '{split($2, a, ","); print a[1]}' | sort -g | tail -1 | sed 's/^/worst vs cpu::moe_forward: /'
