@@ -75,7 +75,7 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|DSV4_TEST_SEED" "$FINAL/test.l
 if [ -f "$FINAL/ncu.txt" ]; then
   echo "== ncu (T=$MOEP_NCU)"
   grep -E "moe_gemm_(v2_|wgmma_)?kernel<|Duration|Issued Warp|Achieved Occupancy|Registers Per|Block Limit|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|stalled_" "$FINAL/ncu.txt" |
-    sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -170
+    sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -260
 fi
 echo "== bench"
 grep -E "copy bandwidth" "$FINAL/bench.log"
