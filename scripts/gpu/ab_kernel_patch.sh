@@ -11,8 +11,8 @@
 #   costs ~1 min of the session's device time). TESTS run on every variant; BENCH on base and every variant in turn.
 #     VARIANTS="early=a.patch late=b.patch" TESTS=test_cuda_moe_decode BENCH=bench_cuda_linear BENCH_ARGS=--diag \
 #       OUT=$PWD/r bash scripts/gpu/ab_kernel_patch.sh
-# Files in $OUT: apply*.txt, build_*.txt, TEST[_NAME].txt, bench_NAME_ROUND.txt (twenty-fourth session, run 148;
-# VARIANTS twenty-fifth session).
+# Files in $OUT: apply*.txt, build_*.txt, TEST[_NAME].txt, bench_NAME_ROUND.txt, ncu_NAME.txt with AB_NCU (below)
+# (twenty-fourth session, run 148; VARIANTS twenty-fifth session; AB_NCU twenty-sixth, checked with a mock cmake/ncu).
 set -uo pipefail
 : "${BENCH:?BENCH=benchmark target}"
 [ -n "${PATCH:-}" ] || [ -n "${VARIANTS:-}" ] || { echo "set PATCH=file or VARIANTS=\"name=file ...\""; exit 2; }
@@ -69,4 +69,20 @@ for i in $(seq 1 "${ROUNDS:-2}"); do
     timeout "${BENCH_S:-90}" "$exe" ${BENCH_ARGS:-} > "$R/bench_${names[$j]}_$i.txt" 2>&1
   done
 done
+# AB_NCU="REGEX": Nsight Compute's occupancy and launch sections of one launch per build (the first kernel matching
+# REGEX after AB_NCU_SKIP launches of BENCH run with AB_NCU_ARGS, e.g. AB_NCU=moe_gemm_wgmma_kernel AB_NCU_SKIP=2
+# AB_NCU_ARGS="--profile 2048" for kernel 3's f16 w1/w3), into ncu_NAME.txt; prints each build's block limits and
+# shared-memory configuration (twenty-sixth session: does a variant keep its blocks per SM?).
+if [ -n "${AB_NCU:-}" ]; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for j in "${!names[@]}"; do
+    exe=$(find "${builds[$j]}" -name "$BENCH" -type f -perm -u+x | head -1)
+    [ -n "$exe" ] && [ -n "$NCU" ] || continue
+    timeout "${NCU_S:-120}" "$NCU" -k regex:"$AB_NCU" --launch-skip "${AB_NCU_SKIP:-0}" --launch-count 1 \
+      --section Occupancy --section LaunchStats --section SpeedOfLight "$exe" ${AB_NCU_ARGS:-} \
+      > "$R/ncu_${names[$j]}.txt" 2>&1 || echo "ncu ${names[$j]} rc=$?"
+    echo "== ncu ${names[$j]}: $(grep -E 'Duration|Block Limit (Registers|Shared Mem)|Shared Memory Configuration Size|Achieved Occupancy' \
+      "$R/ncu_${names[$j]}.txt" | sed -E 's/ +/ /g' | tr '\n' ';')"
+  done
+fi
 exit $status
