@@ -11,13 +11,18 @@
 #   costs ~1 min of the session's device time). TESTS run on every variant; BENCH on base and every variant in turn.
 #     VARIANTS="early=a.patch late=b.patch" TESTS=test_cuda_moe_decode BENCH=bench_cuda_linear BENCH_ARGS=--diag \
 #       OUT=$PWD/r bash scripts/gpu/ab_kernel_patch.sh
-# Files in $OUT: apply*.txt, build_*.txt, TEST[_NAME].txt, bench_NAME_ROUND.txt, ncu_NAME.txt with AB_NCU (below)
+# Files: apply*.txt, build_*.txt, TEST[_NAME].txt, bench_NAME_ROUND.txt, ncu_NAME.txt with AB_NCU (below), all packed
+# into $OUT/ab_files.tgz at the end (a device call returns at most 8 files: run 162 lost 19 of 22 loose ones).
+# AB_GREP="REGEX" prints each bench file's matching lines (e.g. AB_GREP="lean w13\+w2:" or "^\| (512|2048) \|").
 # (twenty-fourth session, run 148; VARIANTS twenty-fifth session; AB_NCU twenty-sixth, checked with a mock cmake/ncu).
 set -uo pipefail
 : "${BENCH:?BENCH=benchmark target}"
 [ -n "${PATCH:-}" ] || [ -n "${VARIANTS:-}" ] || { echo "set PATCH=file or VARIANTS=\"name=file ...\""; exit 2; }
-R=${OUT:-ab-patch-out}
-mkdir -p "$R"
+OUT_DIR=${OUT:-ab-patch-out}
+R=/tmp/ab-files  # packed into $OUT_DIR/ab_files.tgz by pack_files on exit
+rm -rf "$R"; mkdir -p "$R" "$OUT_DIR"
+pack_files() { tar -C "$R" -czf "$OUT_DIR/ab_files.tgz" . ; }
+trap pack_files EXIT
 JOBS=${JOBS:-8}
 DEPS_LOG="$R/deps.log"
 source scripts/gpu/deps_prefix.sh
@@ -67,6 +72,7 @@ for i in $(seq 1 "${ROUNDS:-2}"); do
     exe=$(find "${builds[$j]}" -name "$BENCH" -type f -perm -u+x | head -1)
     [ -n "$exe" ] || { echo "$BENCH not built for ${names[$j]}"; status=1; continue; }
     timeout "${BENCH_S:-90}" "$exe" ${BENCH_ARGS:-} > "$R/bench_${names[$j]}_$i.txt" 2>&1
+    [ -n "${AB_GREP:-}" ] && grep -E "$AB_GREP" "$R/bench_${names[$j]}_$i.txt" | sed "s/^/${names[$j]}_$i: /"
   done
 done
 # AB_NCU="REGEX": Nsight Compute's occupancy and launch sections of one launch per build (the first kernel matching

@@ -66,8 +66,9 @@ __global__ void permute_act_kernel(const In* x, uint32_t* y, int64_t n2) {
 constexpr int kStages = 6;  // B ring depth in k-tiles: three pairs, each pair published by one barrier
 // Token tiles of 32: the weights through a per-warp ring of kWStages k-tiles (WeightRing, 32 KB per block), eight
 // k-tiles ahead instead of in registers two ahead (WeightRows). Run 157: T = 512 (tile 32) 2.15 -> 2.01-2.02 ms;
-// at tile 64 (T = 2048, 8192) no gain (2.52 / 8.73 ms either way), so wider tiles keep the registers. (At 82 KB per
-// block the tile-64 ring may have run one block per SM under the driver's carveout: docs/GEMM_MOE.md, runs 159-161.)
+// at tile 64 (T = 2048, 8192) no gain (2.52 / 8.73 ms either way), so wider tiles keep the registers. (Run 162: the
+// kernel runs two blocks per SM either way, registers limit it to that; what more shared memory costs is L1, which
+// kernel 3 lives on: docs/GEMM_MOE.md.)
 constexpr int kWStages = 8;
 template <int BN>
 constexpr bool kWeightRing = BN <= 32;
