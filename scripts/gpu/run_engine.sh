@@ -37,7 +37,7 @@ echo "== $(date -u +%F) $(tail -1 "$FINAL/gpu.txt")"
 run_test test_gpu_model "GPU engine vs CPU" \
   "DSV4_TEST_SEED|vs CPU|vs eager|decode \(|Failure|Expected|Which is|error|exception|what\(\)|^\[  |^\[ RUN|OK \]|FAILED" 80 \
   ${ENGINE_FILTER:+--gtest_filter="$ENGINE_FILTER"}
-run_test test_gpu_kernel_views "kernel views" "vs|Failure|^\[  " 40
+run_test test_gpu_kernel_views "kernel views" "vs|Failure|^\[  " 60
 run_test test_gpu_golden "GPU vs transformers golden fixture" "kernel_width|Failure|Expected|Which is|exception|^\[  " 14
 run_test test_glue_linear "glue linear" "rows|Failure|^\[  " 14
 run_test test_glue_route "glue router vs CPU" "cases|rows|Failure|Expected|Which is|^\[  " 14

@@ -32,3 +32,11 @@ if [ -n "${FP8Q:-}" ]; then
     echo "NOT REFUSED"; exit 1
   fi
 fi
+# ACTQ=1: --act-quant (DeepSeek's FP8 activations) on both devices, the same prompt (twenty-seventh session).
+if [ -n "${ACTQ:-}" ]; then
+  for dev in cpu cuda; do
+    echo "== $dev --act-quant"
+    ./build-cli/src/dsv4 run --model /tmp/awm --device $dev --ids --prompt-ids $ids --max-tokens 16 \
+      --kv-cache-dtype bf16 --max-model-len 256 --act-quant
+  done
+fi

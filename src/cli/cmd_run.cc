@@ -46,7 +46,8 @@ int cmd_run(int argc, char** argv) {
         "         [--kv-cache-dtype bf16|fp8|f32] [--chunk N (prefill chunk, 0 = whole prompt;\n"
         "          cuda: N tokens per prefill step, 0 = 2048, 1 = token by token)]\n"
         "         [--device cpu|cuda] [--max-model-len N (cuda: positions to reserve, default 4096)]\n"
-        "         [--act-quant (cpu: FP8 activations before the FP8 / MXFP4 linears, as DeepSeek's reference)]\n"
+        "         [--act-quant (FP8 activations before the FP8 / MXFP4 linears, as DeepSeek's reference; cuda: routed\n"
+        "          experts through the fp32 kernels, slower)]\n"
         "         [--indexer-fp8-q (the CSA indexer's q in e4m3 per head, as vLLM; cuda: sm_90 with fp8 KV)]\n"
         "         [--tokenizer tokenizer.json] [--ids (print token ids)] [--quiet]\n");
     return 0;

@@ -49,6 +49,7 @@ class GpuRunner : public Runner {
     g.max_model_len = o.max_model_len > 0 ? o.max_model_len : 4096;
     g.prefill_chunk = o.prefill_chunk;
     g.indexer_fp8_q = o.indexer_fp8_q;  // refused at load unless compute capability 9.0 and --kv-cache-dtype fp8
+    g.act_quant = o.act_quant;          // GpuOptions::act_quant (routed experts through the fp32 glue: slower)
     g.progress = true;
     model_ = gpu::GpuModel::load(dir, g);
     seq_ = model_->new_sequence();
@@ -79,7 +80,6 @@ class GpuRunner : public Runner {
 std::unique_ptr<Runner> make_runner(const std::string& dir, const RunnerOptions& o) {
   if (o.device == "cpu") return std::make_unique<CpuRunner>(dir, o);
   if (o.device == "cuda") {
-    if (o.act_quant) fail("--act-quant: the FP8 activation quantization is implemented on the CPU only (--device cpu)");
 #ifdef DSV4_HAVE_CUDA
     return std::make_unique<GpuRunner>(dir, o);
 #else

@@ -485,5 +485,85 @@ TEST(GlueAttention, RopeEpilogueMatchesSeparateLaunch) {
   cudaFree(dinv), cudaFree(dsink);
 }
 
+// glue::act_quant_rows (GpuOptions::act_quant) bit for bit against core/numerics act_quant_e4m3 on every row:
+// fresh normal rows with a spread of magnitudes, and adversarial blocks: all zeros (the 1e-4 floor), e4m3
+// midpoints at scale 1 (ties to the even code), amax exactly 448 * 2^k and just above it (the scale's ceil),
+// values far below the scale (e4m3 subnormals and flush to zero), a NaN (ignored by the amax, NaN out), and a
+// last block shorter than 128 (cols = 300). Outputs strided and poisoned: columns >= cols must stay NaN. The
+// bf16 copy must hold the same values exactly; in place (y == x) gives the same bits; rows above 65535 (the
+// grid's y limit) take several launches.
+TEST(GlueActQuant, MatchesCpuBitwise) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t rows = 12, cols = 300, ldx = 320, ldy = 352;
+  std::vector<float> x(rows * ldx, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float mag = std::ldexp(1.0f, static_cast<int>(r) * 3 - 12);  // 2^-12 .. 2^21
+    for (int64_t k = 0; k < ldx; ++k) x[r * ldx + k] = nd(rng) * mag;
+  }
+  float* r0 = x.data();  // adversarial blocks of row 0 (block 0: zeros; block 1: midpoints; block 2: partial)
+  for (int k = 0; k < 128; ++k) r0[k] = 0.0f;
+  const float codes[] = {1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 2.0f, 2.25f, 0.015625f, 0.017578125f};
+  for (int k = 0; k < 128; ++k) r0[128 + k] = k % 2 ? (codes[k % 8] + codes[k % 8 + 1]) / 2 : -codes[k % 8];
+  r0[128 + 5] = 448.0f;  // amax 448: scale 2^0, the midpoints above round to even at that scale
+  float* r1 = x.data() + ldx;  // row 1: amax exactly 448 * 2^3, then just above 448 * 2^-2, then a NaN
+  r1[7] = 448.0f * 8.0f;
+  r1[128 + 9] = std::nextafter(448.0f / 4.0f, 1e9f);
+  r1[256 + 3] = std::numeric_limits<float>::quiet_NaN();
+  float* r2 = x.data() + 2 * ldx;  // row 2: one large value over tiny ones (subnormal e4m3 codes and zeros)
+  r2[0] = 3.0e4f;
+  for (int k = 1; k < 128; ++k) r2[k] = std::ldexp(1.0f, -(k % 24)) * (k % 3 ? 1.0f : -1.0f);
+
+  std::vector<float> want(rows * ldy, std::numeric_limits<float>::quiet_NaN());
+  for (int64_t r = 0; r < rows; ++r) act_quant_e4m3(x.data() + r * ldx, cols, 128, want.data() + r * ldy);
+  float* dx = upload(x);
+  float* dy = upload(std::vector<float>(rows * ldy, std::numeric_limits<float>::quiet_NaN()));
+  uint16_t* dyb = upload(std::vector<uint16_t>(rows * ldy, 0x7fc1));
+  glue::act_quant_rows(dx, ldx, rows, cols, dy, ldy, dyb, ldy, nullptr);
+  cuda::check(cudaDeviceSynchronize(), "act_quant_rows");
+  std::vector<float> got(rows * ldy);
+  std::vector<uint16_t> gotb(rows * ldy);
+  cuda::check(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost), "copy");
+  cuda::check(cudaMemcpy(gotb.data(), dyb, gotb.size() * 2, cudaMemcpyDeviceToHost), "copy");
+  int64_t differ = 0, differ_b = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < ldy; ++k) {
+      const float w = want[r * ldy + k], g = got[r * ldy + k];
+      const bool same = std::memcmp(&w, &g, 4) == 0 || (std::isnan(w) && std::isnan(g));
+      if (!same && differ++ < 5) ADD_FAILURE() << "row " << r << " col " << k << ": got " << g << " want " << w;
+      const uint16_t b = gotb[r * ldy + k];
+      const bool same_b = k >= cols ? b == 0x7fc1 : (std::isnan(w) ? (b & 0x7fff) > 0x7f80 : b == f32_to_bf16(w));
+      if (!same_b && differ_b++ < 5) ADD_FAILURE() << "bf16 row " << r << " col " << k << ": got " << b;
+    }
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(differ_b, 0);
+  // In place: the fp32 output over its own input.
+  glue::act_quant_rows(dx, ldx, rows, cols, dx, ldx, nullptr, 0, nullptr);
+  std::vector<float> inplace(rows * ldx);
+  cuda::check(cudaMemcpy(inplace.data(), dx, inplace.size() * 4, cudaMemcpyDeviceToHost), "copy");
+  int64_t differ_in = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < ldx; ++k) {
+      const float w = k < cols ? want[r * ldy + k] : x[r * ldx + k], g = inplace[r * ldx + k];
+      if (!(std::memcmp(&w, &g, 4) == 0 || (std::isnan(w) && std::isnan(g)))) ++differ_in;
+    }
+  EXPECT_EQ(differ_in, 0) << "in place";
+  // 70000 rows of one block (two launches): the last row too.
+  const int64_t many = 70000;
+  std::vector<float> xm(many * 128);
+  for (float& v : xm) v = nd(rng);
+  float* dxm = upload(xm);
+  float* dym = upload(std::vector<float>(many * 128, std::numeric_limits<float>::quiet_NaN()));
+  glue::act_quant_rows(dxm, 128, many, 128, dym, 128, nullptr, 0, nullptr);
+  std::vector<float> gotm(many * 128), wantm(many * 128);
+  cuda::check(cudaMemcpy(gotm.data(), dym, gotm.size() * 4, cudaMemcpyDeviceToHost), "copy");
+  act_quant_e4m3(xm.data(), many * 128, 128, wantm.data());  // blocks of 128 = rows of 128
+  EXPECT_TRUE(same_bits(gotm, wantm)) << "70000 rows";
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dy), static_cast<void*>(dyb), static_cast<void*>(dxm),
+                  static_cast<void*>(dym)})
+    cudaFree(p);
+}
+
 }  // namespace
 }  // namespace dsv4

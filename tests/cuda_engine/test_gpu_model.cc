@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/linear.h"
 #include "backend/cpu/selection_margin.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
@@ -89,7 +90,9 @@ class GpuEngine : public ::testing::Test {
  protected:
   static std::string dir_[2];  // [0] continuous, [1] selective
   static std::vector<std::vector<int32_t>> prompts_;
-  static std::map<std::tuple<int, KvDtype, bool, bool>, std::vector<GreedyRun>> cpu_;
+  // The CPU's activation format: fp32, EngineOptions::bf16_activations, or EngineOptions::act_quant.
+  enum class CpuAct { kF32, kBf16, kE4m3 };
+  static std::map<std::tuple<int, KvDtype, CpuAct, bool>, std::vector<GreedyRun>> cpu_;
 
   static void SetUpTestSuite() {
     if (!have_gpu()) return;
@@ -109,21 +112,25 @@ class GpuEngine : public ::testing::Test {
       if (!d.empty()) std::filesystem::remove_all(d);
   }
 
-  // CPU runs, each sequence alone. f32 KV with fp32 activations: greedy; other KV dtypes, or bf16_act
-  // (EngineOptions::bf16_activations): teacher-forced with that run's tokens. nudged: every KV value moved by
-  // kKvNudge before it is rounded (set_kv_encode_nudge; see kv_rounding_effect).
-  static const std::vector<GreedyRun>& cpu(int sel, KvDtype kv, bool bf16_act = false, bool nudged = false) {
-    auto it = cpu_.find({sel, kv, bf16_act, nudged});
+  // CPU runs, each sequence alone. f32 KV with fp32 activations: greedy; other KV dtypes or activation formats:
+  // teacher-forced with that run's tokens. nudged: every KV value moved by kKvNudge before it is rounded
+  // (set_kv_encode_nudge; see kv_rounding_effect), and with act_quant every quantized activation too
+  // (cpu::set_act_quant_nudge).
+  static const std::vector<GreedyRun>& cpu(int sel, KvDtype kv, CpuAct act = CpuAct::kF32, bool nudged = false) {
+    auto it = cpu_.find({sel, kv, act, nudged});
     if (it != cpu_.end()) return it->second;
-    const std::vector<GreedyRun>* force = kv == KvDtype::kF32 && !bf16_act ? nullptr : &cpu(sel, KvDtype::kF32);
+    const std::vector<GreedyRun>* force =
+        kv == KvDtype::kF32 && act == CpuAct::kF32 ? nullptr : &cpu(sel, KvDtype::kF32);
     EngineOptions eo;
     eo.kv_dtype = kv;
-    eo.bf16_activations = bf16_act;
+    eo.bf16_activations = act == CpuAct::kBf16;
+    eo.act_quant = act == CpuAct::kE4m3;
     auto m = Model::load(dir_[sel], eo);
     const int64_t V = m->config().vocab_size;
     std::vector<GreedyRun> runs;
     cpu::selection_margin_track(true);
     if (nudged) set_kv_encode_nudge(kKvNudge);
+    if (nudged && act == CpuAct::kE4m3) cpu::set_act_quant_nudge(kKvNudge);
     for (size_t i = 0; i < prompts_.size(); ++i) {
       GreedyRun r;
       auto s = m->new_sequence();
@@ -141,8 +148,9 @@ class GpuEngine : public ::testing::Test {
       runs.push_back(std::move(r));
     }
     set_kv_encode_nudge(0.f);
+    cpu::set_act_quant_nudge(0.f);
     cpu::selection_margin_track(false);
-    return cpu_[{sel, kv, bf16_act, nudged}] = std::move(runs);
+    return cpu_[{sel, kv, act, nudged}] = std::move(runs);
   }
   static constexpr float kKvNudge = 0x1p-20f;
   static double kv_rounding_effect(const char* what, KvDtype kv);
@@ -242,7 +250,7 @@ class GpuEngine : public ::testing::Test {
 };
 std::string GpuEngine::dir_[2];
 std::vector<std::vector<int32_t>> GpuEngine::prompts_;
-std::map<std::tuple<int, KvDtype, bool, bool>, std::vector<GreedyRun>> GpuEngine::cpu_;
+std::map<std::tuple<int, KvDtype, GpuEngine::CpuAct, bool>, std::vector<GreedyRun>> GpuEngine::cpu_;
 
 // fp32 activations everywhere (glue linear and MoE): only summation order and cosf/expf ulps differ from
 // the CPU, each ~1e-7 relative per operation (the attention and compressor kernels are tested to 1e-4 and
@@ -294,7 +302,7 @@ double format_effect(const char* what, const char* format, const std::vector<Gre
 // max(d_q, d_flip) for this KV dtype on the continuous model (the comment above).
 double GpuEngine::kv_rounding_effect(const char* what, KvDtype kv) {
   const double dq = format_effect(what, "this KV dtype", cpu(0, kv), cpu(0, KvDtype::kF32));
-  const double df = max_row_error(cpu(0, kv, false, true), cpu(0, kv));
+  const double df = max_row_error(cpu(0, kv, CpuAct::kF32, true), cpu(0, kv));
   std::printf("%s: d_flip (CPU, this KV dtype, values nudged by 2^-20 before rounding) = %.3e\n", what, df);
   return std::max(dq, df);
 }
@@ -337,7 +345,7 @@ TEST_F(GpuEngine, KernelsBf16ActivationsF32KvMatchCpu) {
   DSV4_REQUIRE_GPU();
   const char* name = "continuous model, kernels with bf16 activations, f32 KV vs CPU f32 KV:";
   const auto& c = cpu(0, KvDtype::kF32);
-  const double da = format_effect(name, "bf16 activations", cpu(0, KvDtype::kF32, true), c);
+  const double da = format_effect(name, "bf16 activations", cpu(0, KvDtype::kF32, CpuAct::kBf16), c);
   gpu::GpuOptions o = test_options(KvDtype::kF32);
   o.f16_activations = false;
   compare(name, gpu(0, o, c), c, 2e-2 + 2 * da, false);
@@ -361,6 +369,55 @@ TEST_F(GpuEngine, KernelsBf16Fp8KvMatchCpu) {
     const auto& c = cpu(0, kv);
     const double d_kv = kv_rounding_effect(name, kv);
     compare(name, gpu(0, test_options(kv), f32), c, 2e-2 + 2 * d_kv, false);
+  }
+}
+
+// GpuOptions::act_quant against the CPU's EngineOptions::act_quant (DeepSeek's FP8 activations), token by token
+// (GEMVs, graphs) and in chunks of 200 (dequantize + cuBLAS). The GEMVs read the e4m3 values exactly (bf16 holds
+// them) and the routed experts run in fp32, so the GPU computes the CPU mode's function up to summation order
+// (~1e-7 of an output; GpuKernelViews.ActQuantLinearsMatchCpu checks each linear view and the MoE to that) and
+// wo_a's input (bf16 on the GPU, fp32 on the CPU). But that function is chaotic at the level of its own rounding:
+// an activation within ~1e-7 of an e4m3 rounding boundary takes the other code (2^-4 relative) when its fp32 value
+// moves by that much, the change flips codes in every later quantization, and within one token's four layers the
+// logits move as far as quantizing at all moves them. Measured on the CPU alone (tests/tools/act_quant_sensitivity
+// 147733608350, 2026-12-01): for the first forward of eight single tokens, act_quant against fp32 5.7e-2 .. 7.0e-2;
+// every activation nudged by 2^-20 before act_quant: 0 for five tokens (no code flipped) and 5.3e-2 .. 5.9e-2 for
+// three (some code flipped); by 2^-24: 0 for all. The GPU's fp32 values differ from the CPU's by ~2^-23 nearly
+// everywhere, so some code always flips (H200, run 165: first-token GPU-to-CPU errors 5.6e-2 .. 9.9e-2; runs 164-165 over
+// 256 steps 0.105 .. 0.120 against d_flip 0.079 / 0.103 and d_aq 0.110 / 0.117). So two implementations of
+// act_quant agree only to its noise level, which d_flip (the CPU run against itself nudged by 2^-20) and d_aq (the
+// CPU run against fp32 activations) both measure: bound = 5e-3 + 2 max(d_flip, d_aq), a check against gross
+// errors (NaN, a wrong layer, garbage) only; the sharp checks are per operation (above, and GlueActQuant for the
+// quantizer bit for bit).
+TEST_F(GpuEngine, ActQuantMatchesCpuActQuant) {
+  DSV4_REQUIRE_GPU();
+  const auto& f32 = cpu(0, KvDtype::kF32);
+  const auto& aq = cpu(0, KvDtype::kF32, CpuAct::kE4m3);
+  const double d_aq = format_effect("continuous model, act_quant", "act_quant", aq, f32);
+  const double d_flip = max_row_error(cpu(0, KvDtype::kF32, CpuAct::kE4m3, true), aq);
+  std::printf("continuous model, act_quant vs CPU: d_flip (CPU, activations nudged by 2^-20 before act_quant) = %.3e\n",
+              d_flip);
+  for (int chunk : {0, 200}) {
+    gpu::GpuOptions o = test_options(KvDtype::kF32);
+    o.act_quant = true;
+    o.prefill_chunk = chunk;
+    const std::string what = "continuous model, act_quant, chunk " + std::to_string(chunk) + ", f32 KV vs CPU act_quant:";
+    const std::vector<GreedyRun> g = gpu(0, o, f32);
+    compare(what.c_str(), g, aq, 5e-3 + 2 * std::max(d_flip, d_aq), false);
+    std::printf("%s against the fp32 CPU run %.3e (d_aq %.3e)\n", what.c_str(), max_row_error(g, f32), d_aq);
+  }
+}
+
+// act_quant and exact_linear name two activation formats: refused at load, naming both.
+TEST_F(GpuEngine, ActQuantWithExactLinearIsRefused) {
+  DSV4_REQUIRE_GPU();
+  gpu::GpuOptions o = test_options(KvDtype::kF32, true);
+  o.act_quant = true;
+  try {
+    gpu::GpuModel::load(dir_[0], o);
+    FAIL() << "loaded";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("act_quant and exact_linear"), std::string::npos) << e.what();
   }
 }
 

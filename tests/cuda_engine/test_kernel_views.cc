@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/linear.h"
+#include "backend/cpu/moe.h"
 #include "backend/cuda/glue/glue.h"
 #include "backend/cuda/kernels.h"
 #include "core/numerics.h"
@@ -118,6 +120,92 @@ TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
     std::printf("moe_decode vs moe_exact layer %d: %.3e\n", li, r);
     EXPECT_LE(r, 5e-3);
     cudalin::moe_workspace_destroy(mw);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// GpuOptions::act_quant's pieces on the same views: each FP8 linear as the engine's `lin` runs it in that mode
+// (glue::act_quant_rows into the bf16 copy, then cudalin::gemv) against cpu::linear_rows on a LinearWeight with
+// act = kE4m3 (what EngineOptions::act_quant sets), and the routed experts through glue::moe_exact with x and h
+// quantized against cpu::swiglu_expert on those weights. Both sides quantize the same fp32 x bit for bit
+// (GlueActQuant), so only summation order differs (and, for the MoE, h's expf: an h code within ~1e-6 of a
+// rounding boundary may flip, one e4m3 step of one element); without the quantization on either side the error
+// would be the e4m3 rounding itself, ~2^-5 of an output.
+TEST(GpuKernelViews, ActQuantLinearsMatchCpu) {
+  DSV4_REQUIRE_GPU();
+  const std::string dir = (std::filesystem::temp_directory_path() / "dsv4_gpu_views_aq").string();
+  RandomCheckpointOptions ro;
+  ro.seed = 5;
+  write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
+  EngineOptions eo;
+  eo.act_quant = true;
+  auto m = Model::load(dir, eo);
+  gpu::DeviceWeights w;
+  w.upload(m->weights(), m->config(), false);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int T = 3;
+  cudalin::Workspace ws = cudalin::workspace_create();
+  auto check_linear = [&](const char* name, const gpu::DevLinear& L, const LinearWeight& hw) {
+    ASSERT_EQ(hw.act, LinearWeight::ActInput::kE4m3) << name;
+    std::vector<float> xf(T * L.cols);
+    for (size_t i = 0; i < xf.size(); ++i) xf[i] = nd(rng) * (i % 7 == 0 ? 8.f : 1.f);
+    float* dxf = dev(xf);
+    uint16_t* dxb = dev(std::vector<uint16_t>(xf.size(), 0x7fc1));
+    std::vector<float> nanv(T * L.rows, NAN);
+    float* y = dev(nanv);
+    glue::act_quant_rows(dxf, L.cols, T, L.cols, nullptr, 0, dxb, L.cols, nullptr);
+    cudalin::gemv(L.d, dxb, L.cols, T, y, L.rows, ws, nullptr);
+    std::vector<float> want(nanv.size());
+    cpu::linear_rows(hw, 0, L.rows, xf.data(), T, L.cols, want.data(), L.rows);
+    std::vector<float> plain(nanv.size());  // the same linear without the quantization, for scale
+    LinearWeight hf = hw;
+    hf.act = LinearWeight::ActInput::kF32;
+    cpu::linear_rows(hf, 0, L.rows, xf.data(), T, L.cols, plain.data(), L.rows);
+    const double r = rel(host(y, nanv.size()), want), r_plain = rel(plain, want);
+    std::printf("act_quant gemv vs cpu %-10s [%lld x %lld]: %.3e (unquantized x: %.3e)\n", name, (long long)L.rows,
+                (long long)L.cols, r, r_plain);
+    EXPECT_LE(r, 1e-5) << name;
+    EXPECT_GE(r_plain, 1e-3) << name << ": the quantization should matter";
+    cudaFree(dxf), cudaFree(dxb), cudaFree(y);
+  };
+  for (int li = 0; li < 2; ++li) {
+    const gpu::DevLayer& L = w.layers[li];
+    const LayerWeights& H = m->weights().layers[li];
+    check_linear("wq_a", L.wq_a, H.wq_a);
+    check_linear("wq_b", L.wq_b, H.wq_b);
+    check_linear("wkv", L.wkv, H.wkv);
+    check_linear("wo_b", L.wo_b, H.wo_b);
+    check_linear("shared w1", L.sh_w1, H.shared.w1);
+    check_linear("shared w2", L.sh_w2, H.shared.w2);
+    if (li == 1) check_linear("index wq_b", L.index_wq_b, H.index_wq_b);
+    const ModelConfig& c = m->config();
+    const int D = c.hidden_size, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
+    const float limit = static_cast<float>(c.swiglu_limit);
+    std::vector<float> xf(T * D);
+    for (float& v : xf) v = nd(rng);
+    std::vector<int32_t> idx(T * K);
+    std::vector<float> wts(T * K);
+    for (int i = 0; i < T * K; ++i) idx[i] = (i * 5 + 3) % c.n_routed_experts, wts[i] = 0.3f + 0.1f * i;
+    // x quantized by the caller, as GpuModel::Impl::ffn does; h inside moe_exact.
+    float* dx = dev(xf);
+    float* dxq = dev(std::vector<float>(xf.size(), NAN));
+    int32_t* didx = dev(idx);
+    float* dw = dev(wts);
+    float* y = dev(std::vector<float>(T * D, NAN));
+    float* h = dev(std::vector<float>(static_cast<size_t>(T) * K * I, NAN));
+    glue::act_quant_rows(dx, D, T, D, dxq, D, nullptr, 0, nullptr);
+    glue::moe_exact(L.experts_exact, D, I, K, limit, dxq, didx, dw, T, h, y, false, nullptr, true);
+    cuda::check(cudaDeviceSynchronize(), "sync");
+    std::vector<float> want(T * D, 0.f);
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k)
+        cpu::swiglu_expert(H.experts[idx[t * K + k]], xf.data() + t * D, 1, &wts[t * K + k], limit,
+                           want.data() + t * D);
+    const double r = rel(host(y, want.size()), want);
+    std::printf("act_quant moe_exact vs cpu swiglu_expert layer %d: %.3e\n", li, r);
+    EXPECT_LE(r, 3e-3);
+    cudaFree(dx), cudaFree(dxq), cudaFree(didx), cudaFree(dw), cudaFree(y), cudaFree(h);
   }
   std::filesystem::remove_all(dir);
 }

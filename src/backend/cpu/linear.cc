@@ -1,6 +1,7 @@
 #include "backend/cpu/linear.h"
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -69,6 +70,11 @@ void dequant_row(const LinearWeight& w, int64_t row, float* out) {
   }
 }
 
+namespace {
+std::atomic<float> g_act_quant_nudge{0.f};
+}
+void set_act_quant_nudge(float rel) { g_act_quant_nudge.store(rel, std::memory_order_relaxed); }
+
 void linear_rows(const LinearWeight& w, int64_t row_begin, int64_t rows, const float* x, int64_t T,
                  int64_t x_stride, float* y, int64_t y_stride) {
   if (row_begin < 0 || row_begin + rows > w.rows) fail("linear ", w.name, ": row range out of bounds");
@@ -77,8 +83,15 @@ void linear_rows(const LinearWeight& w, int64_t row_begin, int64_t rows, const f
     xq.resize(static_cast<size_t>(T * w.cols));
     for (int64_t t = 0; t < T; ++t) {
       float* q = xq.data() + t * w.cols;
-      if (w.act == LinearWeight::ActInput::kE4m3) act_quant_e4m3(x + t * x_stride, w.cols, 128, q);
-      else
+      if (w.act == LinearWeight::ActInput::kE4m3) {
+        const float nudge = g_act_quant_nudge.load(std::memory_order_relaxed);
+        if (nudge != 0.f) {
+          for (int64_t k = 0; k < w.cols; ++k) q[k] = x[t * x_stride + k] * (1.f + nudge);
+          act_quant_e4m3(q, w.cols, 128, q);  // in place: each block's amax is taken before it is written
+        } else {
+          act_quant_e4m3(x + t * x_stride, w.cols, 128, q);
+        }
+      } else
         for (int64_t k = 0; k < w.cols; ++k) q[k] = round_bf16(x[t * x_stride + k]);
     }
     x = xq.data(), x_stride = w.cols;

@@ -23,4 +23,10 @@ inline void linear(const LinearWeight& w, const float* x, int64_t T, float* y) {
 
 float dot(const float* a, const float* b, int64_t n);
 
+// Test instrumentation (the GPU engine test's act_quant bound, as engine/kv_state.h's set_kv_encode_nudge): while
+// set to a nonzero rel, linear_rows multiplies a kE4m3 linear's activations by (1 + rel) before act_quant, so
+// that values within ~rel of an e4m3 rounding boundary take the other code, as another implementation's slightly
+// different fp32 values do. 0 (the default): no effect.
+void set_act_quant_nudge(float rel);
+
 }  // namespace dsv4::cpu

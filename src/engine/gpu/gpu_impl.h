@@ -188,6 +188,7 @@ struct GpuModel::Impl {
   void* dalloc(size_t bytes);
   void* halloc(size_t bytes);
   void alloc_scratch();
+  void check_act_quant() const;  // GpuOptions::act_quant's shape requirement, at load
 
   // Fills and uploads the metadata of one step; meta.out_rows must be set before.
   void set_step(const std::vector<StepSeq>& seqs);

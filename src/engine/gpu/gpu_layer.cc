@@ -19,8 +19,9 @@ bool GpuModel::Impl::use_gemv(const DevLinear& wt) const {
 }
 
 bool GpuModel::Impl::h16(const DevLinear& wt, int T) const {
-  // The f16 GEMV exists only in the v2 kernels and has no fallback for unaligned weights.
-  return opt.f16_activations && T <= 64 && wt.fmt == WeightFormat::kFP8Block && use_gemv(wt) &&
+  // The f16 GEMV exists only in the v2 kernels and has no fallback for unaligned weights. act_quant's values
+  // are held in bf16 (f16's range would not hold every e4m3 value times its scale).
+  return opt.f16_activations && !opt.act_quant && T <= 64 && wt.fmt == WeightFormat::kFP8Block && use_gemv(wt) &&
          cudalin::linear_kernel_version() == 2 && reinterpret_cast<uintptr_t>(wt.d.w) % 16 == 0;
 }
 
@@ -45,7 +46,7 @@ bool GpuModel::Impl::shared_x_h16(int li, int T) const {
 }
 
 bool GpuModel::Impl::moe_h16(int li, int T) const {
-  return opt.f16_activations && !opt.exact_linear && !opt.exact_moe && moe_kernel_ok && T <= 64 &&
+  return opt.f16_activations && !opt.act_quant && !opt.exact_linear && !opt.exact_moe && moe_kernel_ok && T <= 64 &&
          cudalin::linear_kernel_version() == 2 && w.layers[li].experts_fit_f16;
 }
 
@@ -55,7 +56,10 @@ void GpuModel::Impl::lin(const DevLinear& wt, const float* x, int64_t ldx, int T
     return;
   }
   const bool f16 = h16(wt, T);
-  if (!xb.p || xb.f16 != f16) {
+  if (opt.act_quant) {  // GpuOptions::act_quant: the e4m3 values of x, from fp32 (wo_a does not come here)
+    glue::act_quant_rows(x, ldx, T, wt.cols, nullptr, 0, s.xb, ldx, stream);
+    xb = {s.xb, false};
+  } else if (!xb.p || xb.f16 != f16) {
     if (f16) cudalin::cast_f32_to_f16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     else cudalin::cast_f32_to_bf16(x, s.xb, static_cast<int64_t>(T) * ldx, stream);
     xb = {s.xb, f16};
@@ -423,7 +427,8 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
   glue::route(s.router, T, E, K, sf, L.gate_bias, L.tid2eid, meta.dev(StepMeta::kTokens), c->norm_topk_prob,
               static_cast<float>(c->routed_scaling_factor), s.idx, s.wts, stream);
   mark(li, "router");
-  const bool moe_kernels = !opt.exact_linear && !opt.exact_moe && moe_kernel_ok && L.expert_fmt == WeightFormat::kFP4;
+  const bool moe_kernels = !opt.exact_linear && !opt.exact_moe && !opt.act_quant && moe_kernel_ok &&
+                           L.expert_fmt == WeightFormat::kFP4;
   // GpuOptions::shared_join_at_w2: the MoE decode's w1/w3 run beside the shared expert, whose stream is joined
   // just before w2 (the first kernel that touches s.y: moe_decode's out_ready).
   const bool join_at_w2 = par && opt.shared_join_at_w2 && moe_kernels && T <= 64;
@@ -445,6 +450,10 @@ void GpuModel::Impl::ffn(int li, int T, const X16Formats& x16) {
       cudalin::moe_prefill_f16(shape, L.experts, s.x, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
     else  // chunked prefill: the grouped GEMM path (docs/GEMM_MOE.md, "MoE prefill")
       cudalin::moe_prefill(shape, L.experts, xb, s.idx, s.wts, T, s.y, accumulate, moe_prefill_ws, stream);
+  } else if (opt.act_quant) {
+    // x's e4m3 values in fp32 go to s.o (the attention output, dead once wo_a has read it); moe_exact quantizes h.
+    glue::act_quant_rows(s.x, D, T, D, s.o, D, nullptr, 0, stream);
+    glue::moe_exact(L.experts_exact, D, I, K, limit, s.o, s.idx, s.wts, T, s.hexact, s.y, accumulate, stream, true);
   } else {
     glue::moe_exact(L.experts_exact, D, I, K, limit, s.x, s.idx, s.wts, T, s.hexact, s.y, accumulate, stream);
   }

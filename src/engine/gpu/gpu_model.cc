@@ -266,6 +266,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
 
   const cuda::DeviceConfig& dc = cuda::device_config();
   cudalin::require_supported_device();
+  if (opt.act_quant && opt.exact_linear)
+    fail("GPU engine: act_quant and exact_linear are two different activation formats; choose one");
   if (opt.indexer_fp8_q && any_csa && !opt.exact_linear) {
     if (!cuda::indexer_fp8_q_supported())
       fail("GPU engine: indexer_fp8_q needs compute capability 9.0 (this device is ", dc.major, ".", dc.minor, ")");
@@ -320,6 +322,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
     }
   }
   im.w.upload(m->host_->weights(), c, opt.progress);
+  if (opt.act_quant) im.check_act_quant();
   if (opt.repeat_layers > 1) {  // copies of the layer views, same device memory
     const std::vector<DevLayer> base = im.w.layers;
     for (int k = 1; k < opt.repeat_layers; ++k) im.w.layers.insert(im.w.layers.end(), base.begin(), base.end());
@@ -343,6 +346,21 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
 }
 
 GpuModel::~GpuModel() = default;
+
+void GpuModel::Impl::check_act_quant() const {
+  // Every linear `lin` quantizes for GpuOptions::act_quant must take the GEMV / GEMM path (the fp32 glue linear
+  // would read the unquantized x).
+  for (size_t li = 0; li < w.layers.size(); ++li) {
+    const DevLayer& L = w.layers[li];
+    const std::pair<const char*, const DevLinear*> lins[] = {
+        {"wq_a", &L.wq_a},        {"wkv", &L.wkv},     {"wq_b", &L.wq_b},   {"wo_b", &L.wo_b},
+        {"index wq_b", &L.index_wq_b}, {"shared w1", &L.sh_w1}, {"shared w2", &L.sh_w2}, {"shared w3", &L.sh_w3}};
+    for (const auto& [name, l] : lins)
+      if (l->rows > 0 && l->fmt != WeightFormat::kBF16 && !gemv_applies(*l))
+        fail("GPU engine: act_quant needs every FP8 linear in GEMV shape (rows % 16 == 0, cols % 128 == 0); layer ",
+             li, " ", name, " is ", l->rows, " x ", l->cols);
+  }
+}
 
 void GpuModel::Impl::hand_over(cudaStream_t from, cudaStream_t to, cudaEvent_t e) {
   cuda::check(cudaEventRecord(e, from), "branch event record");

@@ -31,6 +31,13 @@ struct GpuOptions {
   // (also no 16-bit rounding).
   bool exact_linear = false;
   bool exact_moe = false;          // only the routed experts through the fp32 glue (implied by exact_linear)
+  // DeepSeek's reference numerics for the quantized linears, as EngineOptions::act_quant on the CPU (spec 3.3):
+  // the input of every FP8 linear but wo_a, and of every routed expert matrix, quantized per token to e4m3 in
+  // blocks of 128 (glue::act_quant_rows) and dequantized again. The FP8 GEMVs / GEMMs then read those values in
+  // bf16 (exact), so only summation order differs from the CPU mode; the routed experts take the fp32 glue
+  // (GpuOptions::exact_moe's kernels, slower: the MXFP4 kernels round h to 16 bits before w2). Not with
+  // exact_linear; refused at load where an FP8 linear has no GEMV shape (rows % 16, cols % 128).
+  bool act_quant = false;
   // The CSA indexer with q quantized per head to e4m3 (as vLLM and DeepGEMM do; DeepSeek's own inference code
   // even simulates FP4) on FP8 tensor cores: cuda::IndexerArgs::fp8_q, compute capability 9.0 and FP8 index keys
   // only (refused at load otherwise), off under exact_linear. Off: q rounded to fp16 (the CPU path's scores to

@@ -28,15 +28,24 @@ struct Weight {
 void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, int64_t T, int64_t ldx, float* y,
             int64_t ldy, cudaStream_t stream);
 
+// core/numerics act_quant_e4m3(row, cols, 128, out) on each of `rows` rows (DeepSeek's act_quant, spec 3.3):
+// every block of 128 columns quantized to e4m3 with the scale 2^ceil(log2(max(amax, 1e-4) / 448)) and
+// dequantized again, bit for bit. Writes y (fp32, row stride ldy; may be x itself with ldy == ldx) and / or yb
+// (the same values in bf16, exactly; row stride ldyb); either may be null. Columns >= cols are not touched.
+void act_quant_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y, int64_t ldy, uint16_t* yb,
+                    int64_t ldyb, cudaStream_t stream);
+
 // One routed expert's three weights (exact-mode MoE).
 struct Expert {
   Weight w1, w2, w3;
 };
 // cpu::moe_forward without the shared expert, fp32 throughout: out[t] (+)= sum_k expert_{idx[t,k]}(x[t]).
 // h: scratch [T*top_k, inter] floats. experts: device array [n_experts].
+// act_quant: as the CPU with EngineOptions::act_quant, h (routing weight applied) goes through act_quant_rows
+// before w2; x must then be quantized by the caller (the same x feeds every expert's w1 and w3).
 void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit, const float* x,
                const int32_t* idx, const float* weights, int T, float* h, float* out, bool accumulate,
-               cudaStream_t stream);
+               cudaStream_t stream, bool act_quant = false);
 
 // embed bf16 [vocab, dim]; out [T, n_streams, dim]: every stream gets the token's row (forward.cc).
 void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t dim, int n_streams, float* out,

@@ -204,13 +204,14 @@ void linear(const Weight& w, int64_t row_begin, int64_t rows, const float* x, in
 
 void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, float limit, const float* x,
                const int32_t* idx, const float* weights, int T, float* h, float* out, bool accumulate,
-               cudaStream_t stream) {
+               cudaStream_t stream, bool act_quant) {
   if (T <= 0) return;
   for (int p0 = 0; p0 < T * top_k; p0 += 65535) {  // gridDim.y is at most 65535
     const int n = std::min(65535, T * top_k - p0);
     cuda::check(cuda::launch(moe_up_kernel, dim3(blocks_for(inter, kWarps), n), dim3(kWarps * 32), 0, stream, experts, hidden, inter, top_k, limit,
                                                                                    x, idx, weights, h, p0), "moe_up_kernel launch");
   }
+  if (act_quant) act_quant_rows(h, inter, int64_t{T} * top_k, inter, h, inter, nullptr, 0, stream);  // in place
   cuda::check(cuda::launch(moe_down_kernel, dim3(blocks_for(hidden, kWarps), T), dim3(kWarps * 32), 0, stream, experts, hidden, inter, top_k,
                                                                                     idx, h, out, accumulate), "moe_down_kernel launch");
 }
