@@ -6,6 +6,7 @@
 // place and strided) against the cpu::rmsnorm formula. glue::heads_norm_rope's float4 kernel against its generic
 // one. glue::embed_streams (8 elements per thread, and the
 // scalar loop for dims not a multiple of 8 or a misaligned output) bit for bit, output poisoned.
+// glue::act_quant_rows (GpuOptions::act_quant) bit for bit against core/numerics act_quant_e4m3.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
 // The engine's views of real checkpoint weights through the two kernel families agree: cudalin::gemv /
 // moe_decode (bf16 activations) against glue::linear / moe_exact (fp32 activations) on activations that are
-// exactly bf16, so only fp32 summation order (and, for the MoE, the bf16 rounding of h) differs.
+// exactly bf16, so only fp32 summation order (and, for the MoE, the bf16 rounding of h) differs. And the
+// GpuOptions::act_quant path of each view against the CPU's act_quant linears and experts.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

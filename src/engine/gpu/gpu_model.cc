@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "backend/cpu/norm_rope.h"
 #include "backend/cuda/kernels.h"
@@ -353,8 +354,9 @@ void GpuModel::Impl::check_act_quant() const {
   for (size_t li = 0; li < w.layers.size(); ++li) {
     const DevLayer& L = w.layers[li];
     const std::pair<const char*, const DevLinear*> lins[] = {
-        {"wq_a", &L.wq_a},        {"wkv", &L.wkv},     {"wq_b", &L.wq_b},   {"wo_b", &L.wo_b},
-        {"index wq_b", &L.index_wq_b}, {"shared w1", &L.sh_w1}, {"shared w2", &L.sh_w2}, {"shared w3", &L.sh_w3}};
+        {"wq_a", &L.wq_a},         {"wkv", &L.wkv},          {"wq_b", &L.wq_b},
+        {"wo_b", &L.wo_b},         {"index wq_b", &L.index_wq_b}, {"shared w1", &L.sh_w1},
+        {"shared w2", &L.sh_w2},   {"shared w3", &L.sh_w3}};
     for (const auto& [name, l] : lins)
       if (l->rows > 0 && l->fmt != WeightFormat::kBF16 && !gemv_applies(*l))
         fail("GPU engine: act_quant needs every FP8 linear in GEMV shape (rows % 16 == 0, cols % 128 == 0); layer ",
