@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/linear.h"
@@ -54,13 +56,20 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
   return e / std::max(m, 1e-30);
 }
 
+// A random checkpoint at the kernels' attention widths (layers of ratio 0 and 4, 16 experts) in a temporary
+// directory named `name`, loaded on the CPU with `eo`.
+std::unique_ptr<Model> views_model(const char* name, uint64_t seed, const EngineOptions& eo, std::string& dir) {
+  dir = (std::filesystem::temp_directory_path() / name).string();
+  RandomCheckpointOptions ro;
+  ro.seed = seed;
+  write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
+  return Model::load(dir, eo);
+}
+
 TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
   DSV4_REQUIRE_GPU();
-  const std::string dir = (std::filesystem::temp_directory_path() / "dsv4_gpu_views").string();
-  RandomCheckpointOptions ro;
-  ro.seed = 3;
-  write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
-  auto m = Model::load(dir);
+  std::string dir;
+  auto m = views_model("dsv4_gpu_views", 3, EngineOptions{}, dir);
   gpu::DeviceWeights w;
   w.upload(m->weights(), m->config(), false);
   std::mt19937_64 rng(7);
@@ -134,13 +143,10 @@ TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
 // would be the e4m3 rounding itself, ~2^-5 of an output.
 TEST(GpuKernelViews, ActQuantLinearsMatchCpu) {
   DSV4_REQUIRE_GPU();
-  const std::string dir = (std::filesystem::temp_directory_path() / "dsv4_gpu_views_aq").string();
-  RandomCheckpointOptions ro;
-  ro.seed = 5;
-  write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
   EngineOptions eo;
   eo.act_quant = true;
-  auto m = Model::load(dir, eo);
+  std::string dir;
+  auto m = views_model("dsv4_gpu_views_aq", 5, eo, dir);
   gpu::DeviceWeights w;
   w.upload(m->weights(), m->config(), false);
   std::mt19937_64 rng(11);
