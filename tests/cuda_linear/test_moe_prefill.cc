@@ -12,7 +12,8 @@
 //     2e-3 * max|ref| elementwise (a wrong row, token or expert would be O(max|ref|)).
 //   * vs moe_decode: both round h to bf16 from fp32 sums taken in different K orders, so they differ only by
 //     those flips and fp32 summation: we ask 2e-4 in norm, like the model.
-// Determinism: two launches give bit-identical outputs, so do all tile widths and both pipelines; a CUDA-graph
+// Determinism: two launches give bit-identical outputs, so do all tile widths (and kernel 3's mixed tiles of 64
+// and 32 against tiles of 64 only) and both pipelines; a CUDA-graph
 // replay (no host synchronization inside moe_prefill) with new routes written into the same idx buffer matches
 // a direct launch bit for bit.
 // moe_prefill_f16 (x and h in f16, weights converted exactly to f16): f16 rounds 8x finer than bf16, so the same
@@ -195,6 +196,12 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
               std::printf("  bad out[t=%zu, d=%zu] = %g, model %g\n", i / s.hidden, i % s.hidden, got[i], model[i]);
               ++shown;
             }
+        }
+        if (kernel == 3 && tile_n == 64) {  // mixed tiles (set_moe_prefill_mixed_tiles) against tiles of 64 only
+          cudalin::set_moe_prefill_mixed_tiles(true);
+          const std::vector<float> mixed = run_prefill(s, X, in, T, accumulate, 64, prior, ws, f16);
+          cudalin::set_moe_prefill_mixed_tiles(false);
+          EXPECT_EQ(std::memcmp(got.data(), mixed.data(), got.size() * 4), 0) << "mixed tiles differ, " << what;
         }
         if (pipe == 0 && tile_n == 0) {
           check_internals(s, X, in, T, ws, f16, kernel == 3);

@@ -48,6 +48,10 @@ int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async
 // (run 41: kernel 2 1.26x / 1.14x faster at T = 512 / 2048 (tiles 32 / 64), 0.90x at T = 8192 (tile 128, where it
 // spills)).
 int g_kernel = 0;
+// Kernel 3 at tiles of 64: an expert's last tile of 1..32 rows runs at tile 32 (a second tile list and launch per
+// GEMM; the kernel's tile widths give the same bits). set_moe_prefill_mixed_tiles; off until measured (written in
+// the twenty-seventh session without device time: the engine's skewed routes leave tiles of 64 56% full, run 158).
+bool g_mixed_tiles = false;
 
 int pad4(int T) { return (T + 3) & ~3; }
 
@@ -117,25 +121,34 @@ __global__ void rank_kernel(const int32_t* idx, const uint8_t* mark, int T, int 
 }
 
 // One block: offsets[e] (exclusive scan of counts), the token-tile list {expert, first row in the expert}
-// for tiles of tile_n rows, and the tile count.
-__global__ void offsets_kernel(const int* counts, int E, int tile_n, int* offsets, int2* tiles, int* n_tiles) {
+// for tiles of tile_n rows, and the tile count. With half_tiles (set_moe_prefill_mixed_tiles): an expert's last
+// tile goes to the second list, for tiles of tile_n / 2 rows, where its rows fit there (1 .. tile_n / 2 left).
+__global__ void offsets_kernel(const int* counts, int E, int tile_n, int* offsets, int2* tiles, int* n_tiles,
+                               int2* half_tiles, int* n_half_tiles) {
   cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
   __shared__ int s_warp[32];
-  int carry_rows = 0, carry_tiles = 0;
+  int carry_rows = 0, carry_tiles = 0, carry_half = 0;
   for (int e0 = 0; e0 < E; e0 += blockDim.x) {
     const int e = e0 + threadIdx.x;
     const int c = e < E ? counts[e] : 0;
-    const int nt = (c + tile_n - 1) / tile_n;
-    int ex_rows, ex_tiles;
+    const int rem = c % tile_n;
+    const int nh = half_tiles && rem > 0 && rem <= tile_n / 2 ? 1 : 0;
+    const int nt = (c + tile_n - 1) / tile_n - nh;
+    int ex_rows, ex_tiles, ex_half;
     const int tot_rows = block_exclusive_scan(c, ex_rows, s_warp);
     const int tot_tiles = block_exclusive_scan(nt, ex_tiles, s_warp);
+    const int tot_half = half_tiles ? block_exclusive_scan(nh, ex_half, s_warp) : 0;
     if (e < E) {
       offsets[e] = carry_rows + ex_rows;
       for (int j = 0; j < nt; ++j) tiles[carry_tiles + ex_tiles + j] = make_int2(e, j * tile_n);
+      if (nh) half_tiles[carry_half + ex_half] = make_int2(e, nt * tile_n);
     }
-    carry_rows += tot_rows, carry_tiles += tot_tiles;
+    carry_rows += tot_rows, carry_tiles += tot_tiles, carry_half += tot_half;
   }
-  if (threadIdx.x == 0) offsets[E] = carry_rows, *n_tiles = carry_tiles;
+  if (threadIdx.x == 0) {
+    offsets[E] = carry_rows, *n_tiles = carry_tiles;
+    if (half_tiles) *n_half_tiles = carry_half;
+  }
 }
 
 __global__ void place_kernel(const int32_t* idx, int P, int E, const int* rank, const int* offsets, int* perm) {
@@ -591,6 +604,8 @@ void set_moe_prefill_kernel(int k) {
   g_kernel = k;
 }
 
+void set_moe_prefill_mixed_tiles(bool on) { g_mixed_tiles = on; }
+
 void set_moe_prefill_pipeline(int p) {
   if (p != 0 && p != 1) throw Error(str_cat("set_moe_prefill_pipeline: ", p, " not 0 or 1"));
   g_pipeline = p;
@@ -605,7 +620,8 @@ MoePrefillWorkspace moe_prefill_workspace_create(const MoeShape& s, int max_toke
   ws.shape = s;
   ws.max_tokens = max_tokens;
   const size_t P = size_t(max_tokens) * s.top_k;
-  const size_t max_tiles = P / 32 + 1 + std::min<size_t>(s.n_experts, P);
+  // The tile lists: tiles of BN (>= 32) rows, then (mixed tiles) at most one half tile per expert.
+  const size_t max_tiles = P / 32 + 1 + 2 * std::min<size_t>(s.n_experts, P);
   auto alloc = [](void** p, size_t bytes, const char* what) { check_cuda(cudaMalloc(p, std::max<size_t>(bytes, 16)), what); };
   alloc(reinterpret_cast<void**>(&ws.mark), size_t(s.n_experts) * pad4(max_tokens), "moe_prefill mark");
   alloc(reinterpret_cast<void**>(&ws.rank), P * 4, "moe_prefill rank");
@@ -613,7 +629,7 @@ MoePrefillWorkspace moe_prefill_workspace_create(const MoeShape& s, int max_toke
   alloc(reinterpret_cast<void**>(&ws.counts), size_t(s.n_experts) * 4, "moe_prefill counts");
   alloc(reinterpret_cast<void**>(&ws.offsets), size_t(s.n_experts + 1) * 4, "moe_prefill offsets");
   alloc(reinterpret_cast<void**>(&ws.tiles), max_tiles * 8, "moe_prefill tiles");
-  alloc(reinterpret_cast<void**>(&ws.n_tiles), 4, "moe_prefill n_tiles");
+  alloc(reinterpret_cast<void**>(&ws.n_tiles), 8, "moe_prefill n_tiles");  // [0] tiles, [1] half tiles
   alloc(reinterpret_cast<void**>(&ws.h), P * s.inter * 2, "moe_prefill h");
   alloc(reinterpret_cast<void**>(&ws.ybuf), P * s.hidden * 4, "moe_prefill ybuf");
   return ws;
@@ -633,7 +649,7 @@ struct RouteStats {
   int64_t calls = 0, tokens = 0, active = 0, tiles = 0, pairs = 0, slots = 0, max_load = 0, max_load_max = 0;
 } g_stats;
 // set_moe_prefill_route_stats: the expert loads of this call (one stream synchronization; skipped while capturing).
-void add_route_stats(const MoePrefillWorkspace& ws, int E, int T, int BN, cudaStream_t stream) {
+void add_route_stats(const MoePrefillWorkspace& ws, int E, int T, int BN, bool mixed, cudaStream_t stream) {
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   check_cuda(cudaStreamIsCapturing(stream, &cs), "moe_prefill route stats");
   if (cs != cudaStreamCaptureStatusNone) return;
@@ -646,7 +662,8 @@ void add_route_stats(const MoePrefillWorkspace& ws, int E, int T, int BN, cudaSt
   for (int c : counts) {
     if (c <= 0) continue;
     g_stats.active++, g_stats.pairs += c, mx = std::max<int64_t>(mx, c);
-    g_stats.tiles += (c + BN - 1) / BN, g_stats.slots += int64_t((c + BN - 1) / BN) * BN;
+    const int rem = c % BN, half = mixed && rem > 0 && rem <= BN / 2;  // the last tile at BN / 2 (mixed tiles)
+    g_stats.tiles += (c + BN - 1) / BN, g_stats.slots += int64_t((c + BN - 1) / BN) * BN - (half ? BN / 2 : 0);
   }
   g_stats.max_load += mx, g_stats.max_load_max = std::max(g_stats.max_load_max, mx);
 }
@@ -699,8 +716,14 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   check_cuda(cudaMemsetAsync(ws.mark, 0, size_t(E) * ldm, stream), "moe_prefill memset");
   check_cuda(cuda::launch(mark_kernel, dim3((T + 255) / 256), dim3(256), 0, stream, idx, T, K, E, ldm, ws.mark), "mark_kernel launch");
   check_cuda(cuda::launch(rank_kernel, dim3(E), dim3(256), 0, stream, idx, ws.mark, T, K, ldm, ws.rank, ws.counts), "rank_kernel launch");
-  check_cuda(cuda::launch(offsets_kernel, dim3(1), dim3(1024), 0, stream, ws.counts, E, BN, ws.offsets, reinterpret_cast<int2*>(ws.tiles), ws.n_tiles), "offsets_kernel launch");
-  if (g_route_stats) add_route_stats(ws, E, T, BN, stream);
+  // Mixed tiles (kernel 3 at 64): the half tiles after the largest possible list of full ones.
+  const bool mixed = kernel == 3 && BN == 64 && g_mixed_tiles;
+  const int max_half = std::min(E, P);
+  int2* half_tiles = mixed ? reinterpret_cast<int2*>(ws.tiles) + max_tiles : nullptr;
+  check_cuda(cuda::launch(offsets_kernel, dim3(1), dim3(1024), 0, stream, ws.counts, E, BN, ws.offsets,
+                          reinterpret_cast<int2*>(ws.tiles), ws.n_tiles, half_tiles, ws.n_tiles + 1),
+             "offsets_kernel launch");
+  if (g_route_stats) add_route_stats(ws, E, T, BN, mixed, stream);
   check_cuda(cuda::launch(place_kernel, dim3((P + 255) / 256), dim3(256), 0, stream, idx, P, E, ws.rank, ws.offsets, ws.perm), "place_kernel launch");
 
   GemmArgs a{};
@@ -714,8 +737,17 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   g2.act = ws.h, g2.K = s.inter, g2.n_out = s.hidden;
   const int gx1 = s.inter / (kBM / 2), gx2 = s.hidden / kBM;
   const bool pipe = g_pipeline == 1;
-  if (kernel == 3) launch_gemm_pair_wgmma(BN, g1, gx1, g2, gx2, max_tiles, f16, stream);
-  else switch (BN) {
+  if (mixed) {
+    // w1/w3 over both lists before w2 over either: the w2 GEMM writes ybuf, which holds x until then.
+    GemmArgs h1 = g1, h2 = g2;
+    h1.tiles = h2.tiles = half_tiles, h1.n_tiles = h2.n_tiles = ws.n_tiles + 1;
+    launch_gemm_wgmma(64, true, g1, gx1, max_tiles, f16, stream);
+    launch_gemm_wgmma(32, true, h1, gx1, max_half, f16, stream);
+    launch_gemm_wgmma(64, false, g2, gx2, max_tiles, f16, stream);
+    launch_gemm_wgmma(32, false, h2, gx2, max_half, f16, stream);
+  } else if (kernel == 3) {
+    launch_gemm_pair_wgmma(BN, g1, gx1, g2, gx2, max_tiles, f16, stream);
+  } else switch (BN) {
     case 32: launch_both<32>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
     case 64: launch_both<64>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
     default: launch_both<128>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;

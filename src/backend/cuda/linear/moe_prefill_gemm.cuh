@@ -240,5 +240,7 @@ void permute_act(const void* x, bool x_f32, uint16_t* y, int64_t n, cudaStream_t
 // The w1/w3 then the w2 GEMM on kernel 3 at token tile BN (32, 64, 128); g1.act and g2.act in its pair order.
 void launch_gemm_pair_wgmma(int BN, const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16,
                             cudaStream_t st);
+// One of them (gate: the w1/w3 GEMM), for the mixed tile lists (set_moe_prefill_mixed_tiles).
+void launch_gemm_wgmma(int BN, bool gate, const GemmArgs& g, int gx, int max_tiles, bool f16, cudaStream_t st);
 
 }  // namespace dsv4::cudalin::moep

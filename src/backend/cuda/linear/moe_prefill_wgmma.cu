@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/moe_prefill_gemm.cuh"
@@ -228,6 +229,19 @@ void permute_act(const void* x, bool x_f32, uint16_t* y, int64_t n, cudaStream_t
     check_cuda(cuda::launch(permute_act_kernel<uint16_t, false>, dim3(blocks), dim3(256), 0, stream,
                             static_cast<const uint16_t*>(x), reinterpret_cast<uint32_t*>(y), n2),
                "permute_act launch");
+}
+
+void launch_gemm_wgmma(int BN, bool gate, const GemmArgs& g, int gx, int max_tiles, bool f16, cudaStream_t st) {
+  auto one = [&](auto bn) {
+    constexpr int B = decltype(bn)::value;
+    if (gate) f16 ? launch<B, true, true>(g, gx, max_tiles, st) : launch<B, true, false>(g, gx, max_tiles, st);
+    else f16 ? launch<B, false, true>(g, gx, max_tiles, st) : launch<B, false, false>(g, gx, max_tiles, st);
+  };
+  switch (BN) {
+    case 32: one(std::integral_constant<int, 32>{}); break;
+    case 64: one(std::integral_constant<int, 64>{}); break;
+    default: one(std::integral_constant<int, 128>{}); break;
+  }
 }
 
 void launch_gemm_pair_wgmma(int BN, const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16,
