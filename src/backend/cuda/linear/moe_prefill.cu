@@ -11,7 +11,8 @@
 //   mark_kernel        (T threads)    fills mark
 //   rank_kernel        (E blocks)     per expert: a scan over tokens -> rank of each pair inside its expert
 //                                     (pairs ordered by (t, k)), counts[e]
-//   offsets_kernel     (1 block)      exclusive scans: expert offsets, token-tile list for the GEMMs
+//   offsets_kernel     (1 block)      exclusive scans: expert offsets, token-tile list for the GEMMs (and, with
+//                                     mixed tiles, a second list of half-width last tiles: two more GEMM launches)
 //   place_kernel       (P threads)    perm[offsets[e] + rank] = pair  (pairs sorted by (expert, t, k))
 //   gemm<GATE=true>                   h[pos] = 16bit(silu(min(x W1ᵀ, L)) * clamp(x W3ᵀ, -L, L) * w)   (x gathered by perm)
 //   gemm<GATE=false>                  ybuf[pair] = h[pos] W2ᵀ   (fp32, row of the pair t*top_k+k)
