@@ -57,25 +57,37 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // A random checkpoint at the kernels' attention widths (layers of ratio 0 and 4, 16 experts) in a temporary
-// directory named `name`, loaded on the CPU with `eo`.
-std::unique_ptr<Model> views_model(const char* name, uint64_t seed, const EngineOptions& eo, std::string& dir) {
-  dir = (std::filesystem::temp_directory_path() / name).string();
-  RandomCheckpointOptions ro;
-  ro.seed = seed;
-  write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
-  return Model::load(dir, eo);
-}
+// directory named `name` (removed again with the object), loaded on the CPU with `eo` and uploaded, and a GEMV
+// workspace.
+struct ViewsModel {
+  std::string dir;
+  std::unique_ptr<Model> m;
+  gpu::DeviceWeights w;
+  cudalin::Workspace ws;
+  ViewsModel(const char* name, uint64_t seed, const EngineOptions& eo)
+      : dir((std::filesystem::temp_directory_path() / name).string()) {
+    RandomCheckpointOptions ro;
+    ro.seed = seed;
+    write_random_checkpoint(testing::attention_width_config({0, 4}, 16, 16), dir, ro);
+    m = Model::load(dir, eo);
+    w.upload(m->weights(), m->config(), false);
+    ws = cudalin::workspace_create();
+  }
+  ~ViewsModel() {
+    cudalin::workspace_destroy(ws);
+    std::filesystem::remove_all(dir);
+  }
+};
 
 TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
   DSV4_REQUIRE_GPU();
-  std::string dir;
-  auto m = views_model("dsv4_gpu_views", 3, EngineOptions{}, dir);
-  gpu::DeviceWeights w;
-  w.upload(m->weights(), m->config(), false);
+  ViewsModel v("dsv4_gpu_views", 3, EngineOptions{});
+  const auto& m = v.m;
+  const gpu::DeviceWeights& w = v.w;
+  cudalin::Workspace& ws = v.ws;
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int T = 2;
-  cudalin::Workspace ws = cudalin::workspace_create();
   auto check_linear = [&](const char* name, const gpu::DevLinear& L) {
     std::vector<float> xf(T * L.cols);
     std::vector<uint16_t> xb(xf.size());
@@ -131,7 +143,6 @@ TEST(GpuKernelViews, GemvAndMoeMatchGlue) {
     EXPECT_LE(r, 5e-3);
     cudalin::moe_workspace_destroy(mw);
   }
-  std::filesystem::remove_all(dir);
 }
 
 // GpuOptions::act_quant's pieces on the same views: each FP8 linear as the engine's `lin` runs it in that mode
@@ -145,14 +156,13 @@ TEST(GpuKernelViews, ActQuantLinearsMatchCpu) {
   DSV4_REQUIRE_GPU();
   EngineOptions eo;
   eo.act_quant = true;
-  std::string dir;
-  auto m = views_model("dsv4_gpu_views_aq", 5, eo, dir);
-  gpu::DeviceWeights w;
-  w.upload(m->weights(), m->config(), false);
+  ViewsModel v("dsv4_gpu_views_aq", 5, eo);
+  const auto& m = v.m;
+  const gpu::DeviceWeights& w = v.w;
+  cudalin::Workspace& ws = v.ws;
   std::mt19937_64 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int T = 3;
-  cudalin::Workspace ws = cudalin::workspace_create();
   auto check_linear = [&](const char* name, const gpu::DevLinear& L, const LinearWeight& hw) {
     ASSERT_EQ(hw.act, LinearWeight::ActInput::kE4m3) << name;
     std::vector<float> xf(T * L.cols);
@@ -214,7 +224,6 @@ TEST(GpuKernelViews, ActQuantLinearsMatchCpu) {
     EXPECT_LE(r, 3e-3);
     cudaFree(dx), cudaFree(dxq), cudaFree(didx), cudaFree(dw), cudaFree(y), cudaFree(h);
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

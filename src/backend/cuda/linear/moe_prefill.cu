@@ -655,7 +655,10 @@ void add_route_stats(const MoePrefillWorkspace& ws, int E, int T, int BN, bool m
   check_cuda(cudaStreamIsCapturing(stream, &cs), "moe_prefill route stats");
   if (cs != cudaStreamCaptureStatusNone) return;
   std::vector<int> counts(E);
+  int n_tiles[2] = {0, 0};  // offsets_kernel's lists: tiles of BN, half tiles (mixed)
   check_cuda(cudaMemcpyAsync(counts.data(), ws.counts, E * sizeof(int), cudaMemcpyDeviceToHost, stream),
+             "moe_prefill route stats");
+  check_cuda(cudaMemcpyAsync(n_tiles, ws.n_tiles, (mixed ? 2 : 1) * sizeof(int), cudaMemcpyDeviceToHost, stream),
              "moe_prefill route stats");
   check_cuda(cudaStreamSynchronize(stream), "moe_prefill route stats");
   int64_t mx = 0;
@@ -663,9 +666,8 @@ void add_route_stats(const MoePrefillWorkspace& ws, int E, int T, int BN, bool m
   for (int c : counts) {
     if (c <= 0) continue;
     g_stats.active++, g_stats.pairs += c, mx = std::max<int64_t>(mx, c);
-    const int rem = c % BN, half = mixed && rem > 0 && rem <= BN / 2;  // the last tile at BN / 2 (mixed tiles)
-    g_stats.tiles += (c + BN - 1) / BN, g_stats.slots += int64_t((c + BN - 1) / BN) * BN - (half ? BN / 2 : 0);
   }
+  g_stats.tiles += n_tiles[0] + n_tiles[1], g_stats.slots += int64_t(n_tiles[0]) * BN + int64_t(n_tiles[1]) * (BN / 2);
   g_stats.max_load += mx, g_stats.max_load_max = std::max(g_stats.max_load_max, mx);
 }
 }  // namespace
@@ -738,16 +740,14 @@ void moe_prefill_impl(const MoeShape& s, const DevExpert* experts, const uint16_
   g2.act = ws.h, g2.K = s.inter, g2.n_out = s.hidden;
   const int gx1 = s.inter / (kBM / 2), gx2 = s.hidden / kBM;
   const bool pipe = g_pipeline == 1;
-  if (mixed) {
-    // w1/w3 over both lists before w2 over either: the w2 GEMM writes ybuf, which holds x until then.
+  if (kernel == 3) {
+    // Mixed tiles: w1/w3 over both lists before w2 over either (the w2 GEMM writes ybuf, which holds x until then).
     GemmArgs h1 = g1, h2 = g2;
     h1.tiles = h2.tiles = half_tiles, h1.n_tiles = h2.n_tiles = ws.n_tiles + 1;
-    launch_gemm_wgmma(64, true, g1, gx1, max_tiles, f16, stream);
-    launch_gemm_wgmma(32, true, h1, gx1, max_half, f16, stream);
-    launch_gemm_wgmma(64, false, g2, gx2, max_tiles, f16, stream);
-    launch_gemm_wgmma(32, false, h2, gx2, max_half, f16, stream);
-  } else if (kernel == 3) {
-    launch_gemm_pair_wgmma(BN, g1, gx1, g2, gx2, max_tiles, f16, stream);
+    launch_gemm_wgmma(BN, true, g1, gx1, max_tiles, f16, stream);
+    if (mixed) launch_gemm_wgmma(BN / 2, true, h1, gx1, max_half, f16, stream);
+    launch_gemm_wgmma(BN, false, g2, gx2, max_tiles, f16, stream);
+    if (mixed) launch_gemm_wgmma(BN / 2, false, h2, gx2, max_half, f16, stream);
   } else switch (BN) {
     case 32: launch_both<32>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;
     case 64: launch_both<64>(kernel, g1, gx1, g2, gx2, max_tiles, pipe, f16, stream); break;

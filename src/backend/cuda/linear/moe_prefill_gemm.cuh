@@ -237,10 +237,7 @@ void wgmma_set_attrs();  // the dynamic shared-memory opt-ins (no-op where unsup
 // y = the n 16-bit activations of x (fp32 -> f16 when x_f32, else bf16 copied) with each 64-wide block stored in
 // kernel 3's pair order (rows of a multiple of 64 elements).
 void permute_act(const void* x, bool x_f32, uint16_t* y, int64_t n, cudaStream_t stream);
-// The w1/w3 then the w2 GEMM on kernel 3 at token tile BN (32, 64, 128); g1.act and g2.act in its pair order.
-void launch_gemm_pair_wgmma(int BN, const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16,
-                            cudaStream_t st);
-// One of them (gate: the w1/w3 GEMM), for the mixed tile lists (set_moe_prefill_mixed_tiles).
+// The w1/w3 (gate) or the w2 GEMM on kernel 3 at token tile BN (32, 64, 128); g.act in its pair order.
 void launch_gemm_wgmma(int BN, bool gate, const GemmArgs& g, int gx, int max_tiles, bool f16, cudaStream_t st);
 
 }  // namespace dsv4::cudalin::moep

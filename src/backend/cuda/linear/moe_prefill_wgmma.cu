@@ -203,11 +203,6 @@ void launch(const GemmArgs& a, int grid_x, int max_tiles, cudaStream_t stream) {
   launch_gemm_grid(moe_gemm_wgmma_kernel<BN, GATE, F16>, wgmma_smem<BN>(), a, grid_x, max_tiles, stream,
                    "moe_gemm_wgmma_kernel launch");
 }
-template <int BN>
-void launch_pair(const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16, cudaStream_t st) {
-  if (f16) launch<BN, true, true>(g1, gx1, max_tiles, st), launch<BN, false, true>(g2, gx2, max_tiles, st);
-  else launch<BN, true, false>(g1, gx1, max_tiles, st), launch<BN, false, false>(g2, gx2, max_tiles, st);
-}
 
 }  // namespace
 
@@ -241,15 +236,6 @@ void launch_gemm_wgmma(int BN, bool gate, const GemmArgs& g, int gx, int max_til
     case 32: one(std::integral_constant<int, 32>{}); break;
     case 64: one(std::integral_constant<int, 64>{}); break;
     default: one(std::integral_constant<int, 128>{}); break;
-  }
-}
-
-void launch_gemm_pair_wgmma(int BN, const GemmArgs& g1, int gx1, const GemmArgs& g2, int gx2, int max_tiles, bool f16,
-                            cudaStream_t st) {
-  switch (BN) {
-    case 32: launch_pair<32>(g1, gx1, g2, gx2, max_tiles, f16, st); break;
-    case 64: launch_pair<64>(g1, gx1, g2, gx2, max_tiles, f16, st); break;
-    default: launch_pair<128>(g1, gx1, g2, gx2, max_tiles, f16, st); break;
   }
 }
 
