@@ -9,7 +9,7 @@
 //                     [--no-pdl] [--moe-ks N] [--no-overlap] [--bf16-act] [--moe-warps 8] [--gemv-warps 4]
 //                     [--moe-lean off|w2|w13|all[:TOKENS]] [--hc-two-kernels] [--moe-max-nt N] [--wave-div N]
 //                     [--moe-split off|LIGHT[:TOKENS[:WIDE[:WIDER[:LEAN]]]]] [--kv-row-on-main] [--glue-f32-linears] [--moe-prefill-bf16]
-//                     [--moe-prefill-kernel N] [--moe-prefill-tile N] [--moe-prefill-mixed-tiles] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
+//                     [--moe-prefill-kernel N] [--moe-prefill-tile N] [--moe-prefill-plain-tiles] [--slots-on-main] [--shared-join-before-moe] [--no-priority]
 //                     [--main-priority] [--timeline] [--topk-index-list] [--index-rope-launch]
 //                     [--index-scores-always] [--moe-prefill-stats]
 //                     [--max-model-len N]
@@ -46,8 +46,8 @@
 // --moe-prefill-kernel N: the MoE prefill GEMM kernel (cudalin::set_moe_prefill_kernel; 0 = the default).
 // --moe-prefill-tile N: its token tile (32, 64 or 128; cudalin::set_moe_prefill_tile_n; 0 = chosen by the step's
 //   tokens): the engine's skewed routes leave 64-wide tiles 56% full (run 158), so tile 32 may win there.
-// --moe-prefill-mixed-tiles: cudalin::set_moe_prefill_mixed_tiles(true) (kernel 3 at tiles of 64 runs each
-//   expert's last 1..32 rows at tile 32; same bits).
+// --moe-prefill-plain-tiles: cudalin::set_moe_prefill_mixed_tiles(false) (the default since run 167 runs each
+//   expert's last 1..32 rows at tile 32 when kernel 3 takes tiles of 64; same bits).
 // --topk-index-list: GpuOptions::topk_writes_slots off (the top-k writes its index list, the slot-list kernel maps
 //   it after the top-k on the indexer's stream).
 // --index-rope-launch: GpuOptions::index_rope_in_scores off (the index q rotated by its own launch first).
@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
     else if (a == "--moe-prefill-stats") route_stats = true;
     else if (a == "--moe-prefill-kernel") cudalin::set_moe_prefill_kernel(std::atoi(next().c_str()));
     else if (a == "--moe-prefill-tile") cudalin::set_moe_prefill_tile_n(std::atoi(next().c_str()));
-    else if (a == "--moe-prefill-mixed-tiles") cudalin::set_moe_prefill_mixed_tiles(true);
+    else if (a == "--moe-prefill-plain-tiles") cudalin::set_moe_prefill_mixed_tiles(false);
     else if (a == "--moe-warps") cudalin::set_moe_block_warps(std::atoi(next().c_str()));
     else if (a == "--moe-lean") {
       const std::string v = next(), kind = v.substr(0, v.find(':'));

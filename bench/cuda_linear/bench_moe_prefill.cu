@@ -7,8 +7,8 @@
 // (moe_prefill on bf16 x) and in f16 (moe_prefill_f16 on fp32 x, its f16 cast included).
 // Usage: bench_cuda_moe_prefill [--quick | --profile T]
 //   --profile T: one bf16 and one f16 call at T tokens (heuristic tile width) and nothing else, for a profiler.
-// DSV4_MOE_MIXED_TILES=1 in the environment: cudalin::set_moe_prefill_mixed_tiles(true) (kernel 3 at tiles of 64
-// runs each expert's last 1..32 rows at tile 32).
+// DSV4_MOE_MIXED_TILES=0 / 1 in the environment: cudalin::set_moe_prefill_mixed_tiles (kernel 3 at tiles of 64
+// runs each expert's last 1..32 rows at tile 32; on by default since run 167).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -90,9 +90,9 @@ struct Timer {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int profile_T = argc > 2 && std::strcmp(argv[1], "--profile") == 0 ? std::atoi(argv[2]) : 0;
-  if (const char* m = std::getenv("DSV4_MOE_MIXED_TILES"); m && std::strcmp(m, "1") == 0) {
-    cudalin::set_moe_prefill_mixed_tiles(true);
-    std::printf("mixed tiles on (DSV4_MOE_MIXED_TILES=1)\n");
+  if (const char* m = std::getenv("DSV4_MOE_MIXED_TILES"); m && (*m == '0' || *m == '1')) {
+    cudalin::set_moe_prefill_mixed_tiles(*m == '1');
+    std::printf("mixed tiles %s (DSV4_MOE_MIXED_TILES=%s)\n", *m == '1' ? "on" : "off", m);
   }
   cudalin::MoeShape s;  // V4-Flash defaults: 4096, 2048, 256, 6, limit 10
   const int H = s.hidden, I = s.inter, E = s.n_experts, K = s.top_k;

@@ -198,10 +198,11 @@ void run_case_in(const cudalin::MoeShape& s, int T, Route route, float x_scale, 
             }
         }
         if (kernel == 3 && tile_n == 64) {  // mixed tiles (set_moe_prefill_mixed_tiles) against tiles of 64 only
-          cudalin::set_moe_prefill_mixed_tiles(true);
-          const std::vector<float> mixed = run_prefill(s, X, in, T, accumulate, 64, prior, ws, f16);
-          cudalin::set_moe_prefill_mixed_tiles(false);
-          EXPECT_EQ(std::memcmp(got.data(), mixed.data(), got.size() * 4), 0) << "mixed tiles differ, " << what;
+          const bool mixed = cudalin::moe_prefill_mixed_tiles();
+          cudalin::set_moe_prefill_mixed_tiles(!mixed);
+          const std::vector<float> other = run_prefill(s, X, in, T, accumulate, 64, prior, ws, f16);
+          cudalin::set_moe_prefill_mixed_tiles(mixed);
+          EXPECT_EQ(std::memcmp(got.data(), other.data(), got.size() * 4), 0) << "mixed tiles differ, " << what;
         }
         if (pipe == 0 && tile_n == 0) {
           check_internals(s, X, in, T, ws, f16, kernel == 3);

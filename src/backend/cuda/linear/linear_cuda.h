@@ -239,9 +239,10 @@ void moe_prefill_f16(const MoeShape& s, const DevExpert* experts, const float* x
 
 // Test/benchmark knob: token rows per GEMM tile (32, 64 or 128); 0 restores the heuristic (from T*top_k/E).
 void set_moe_prefill_tile_n(int n);
-// Test/benchmark knob (default off, not yet measured): with GEMM kernel 3 at tiles of 64, an expert's last tile of
-// 1..32 rows runs at tile 32 (a second launch per GEMM). Same bits either way.
+// Test/benchmark knob (default on since run 167: engine prefill +1.5%): with GEMM kernel 3 at tiles of 64, an
+// expert's last tile of 1..32 rows runs at tile 32 (a second launch per GEMM). Same bits either way.
 void set_moe_prefill_mixed_tiles(bool on);
+bool moe_prefill_mixed_tiles();
 // Test/benchmark knob for GEMM kernel 1: 0 = register-staged weight pipeline (default); 1 = cp.async ring with
 // 2-3 k-tiles in flight (opt-in: exact, and 10-20% slower on the H200, docs/GEMM_MOE.md "MoE prefill").
 void set_moe_prefill_pipeline(int p);

@@ -50,9 +50,11 @@ int g_pipeline = 0;         // 0: register-staged weights (default); 1: cp.async
 // spills)).
 int g_kernel = 0;
 // Kernel 3 at tiles of 64: an expert's last tile of 1..32 rows runs at tile 32 (a second tile list and launch per
-// GEMM; the kernel's tile widths give the same bits). set_moe_prefill_mixed_tiles; off until measured (written in
-// the twenty-seventh session without device time: the engine's skewed routes leave tiles of 64 56% full, run 158).
-bool g_mixed_tiles = false;
+// GEMM; the kernel's tile widths give the same bits). set_moe_prefill_mixed_tiles. On by default since run 167
+// (twenty-eighth session): the engine's skewed routes leave tiles of 64 56% full (run 158), and its 8K prefill
+// went 7,887-7,896 -> 8,006-8,022 tok/s; the kernel bench's uniform routes: T = 512 at tile 64 -11%, T = 2048 /
+// 8192 +1% (docs/GEMM_MOE.md).
+bool g_mixed_tiles = true;
 
 int pad4(int T) { return (T + 3) & ~3; }
 
@@ -606,6 +608,7 @@ void set_moe_prefill_kernel(int k) {
 }
 
 void set_moe_prefill_mixed_tiles(bool on) { g_mixed_tiles = on; }
+bool moe_prefill_mixed_tiles() { return g_mixed_tiles; }
 
 void set_moe_prefill_pipeline(int p) {
   if (p != 0 && p != 1) throw Error(str_cat("set_moe_prefill_pipeline: ", p, " not 0 or 1"));
