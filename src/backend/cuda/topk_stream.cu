@@ -27,6 +27,10 @@ constexpr int kSVec = 2;                          // float4 per thread per tile
 constexpr int kSTile = 4 * kSVec * kThreads;      // 2048 elements per tile
 constexpr int kSAhead = 1;                        // tiles loaded ahead of the one being filtered
 constexpr int kSRing = kSAhead + 1;
+// Tiles prefetched into L2 ahead of the one being filtered: more bytes in flight than the register ring holds, at
+// no register cost (twenty-eighth session, runs 168-169: 512 x 256K 204.2 -> 201.9 us at 4 tiles, 201.2 at 2; 8 and 16
+// tiles ahead lost, 228 / 253 us: the lines are evicted before use).
+constexpr int kSPrefetch = 4;
 constexpr int kSCap = 4608;                       // buffered candidates: k (<= 2048) + a tile + headroom
 constexpr int kSWave = 4 * kThreads;              // entries per emission wave (4 contiguous per thread)
 static_assert(kSCap - kSTile >= 2048, "a compacted buffer (k entries) must leave room for a tile");
@@ -229,7 +233,11 @@ __device__ __forceinline__ void load_stream_tile(const float* __restrict__ row, 
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 4)
+// MINB: the launch bound, CTAs per SM. 4 (64 registers) keeps 512 rows of one CTA each resident in one wave; 3
+// (80 registers) runs each CTA's loop faster where the grid fits at 3 per SM (runs 168-169: 64 x 64K 55.3 -> 48.7 us,
+// 64 x 256K 87.3 -> 75.6; 512 x 256K at 3 per SM takes two waves, 270 us). launch_topk_stream picks one.
+template <int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     topk_stream_kernel(const float* __restrict__ scores, int64_t row_stride, int cols,
                        const int32_t* __restrict__ lengths, int k, OutMap out) {
   pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
@@ -260,6 +268,8 @@ __global__ void __launch_bounds__(kThreads, 4)
         if (t + kSAhead < nt)
           load_stream_tile(row, aligned, cb + (t + kSAhead) * kSTile, ce, ring[(slot + kSAhead) % kSRing]);
         const int tb = cb + t * kSTile;
+        if (t + kSPrefetch < nt && tid < kSTile / 32)  // one 128-byte line per thread of the first 64
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(row + min(tb + kSPrefetch * kSTile + 32 * tid, ce - 1)));
         // Admission is one float compare per element (admit_bound); once lo has risen most threads, warps and
         // often whole tiles admit nothing, so the work is shaped for that: a thread whose maximum is below the
         // bound builds no mask, a warp with nothing admitted scans nothing, and a tile with nothing admitted
@@ -352,26 +362,39 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 }  // namespace
 
-cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                               int rows, int k, OutMap out, cudaStream_t stream) {
-  // The shared-memory opt-in and the kernel's resident CTAs per SM (4 on sm_90, 1 on SM12x's ~100 KB), once.
-  static int per_sm = 0;
+// The shared-memory opt-in of one instance and its resident CTAs per SM (4 / 3 on sm_90, 1 on SM12x's ~100 KB), once.
+template <int MINB>
+cudaError_t stream_kernel_setup(int& per_sm) {
+  static int n = 0;
   static const cudaError_t attr = [] {
-    cudaError_t e = cudaFuncSetAttribute(topk_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(topk_stream_kernel<MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kStreamSmem));
     if (e == cudaSuccess)
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_stream_kernel, kThreads, kStreamSmem);
-    return e == cudaSuccess && per_sm < 1 ? cudaErrorInvalidConfiguration : e;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, topk_stream_kernel<MINB>, kThreads, kStreamSmem);
+    return e == cudaSuccess && n < 1 ? cudaErrorInvalidConfiguration : e;
   }();
+  per_sm = n;
+  return attr;
+}
+
+cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
+                               int rows, int k, OutMap out, cudaStream_t stream) {
+  int per_sm = 0, per_sm3 = 0;
+  cudaError_t attr = stream_kernel_setup<4>(per_sm);
+  if (attr == cudaSuccess) attr = stream_kernel_setup<3>(per_sm3);
   if (attr != cudaSuccess) return attr;
+  const int64_t sms = device_config().sm_count;
   // CTAs per row from the shapes only (never from device data): about two CTAs per SM (at most what is resident)
   // over all rows, at least two tiles per CTA, at most kMaxCluster. (16 CTAs per row, a non-portable cluster on
   // sm_90, was slower: 40 against 26 us for one 64K row, run 62 in docs/PERFORMANCE.md.)
-  const int64_t want =
-      (std::min(2, per_sm) * static_cast<int64_t>(device_config().sm_count) + rows - 1) / rows;
+  const int64_t want = (std::min(2, per_sm) * sms + rows - 1) / rows;
   const int C = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, cols / (2 * kSTile)), 1, kMaxCluster));
-  return launch_cluster(topk_stream_kernel, dim3(static_cast<unsigned>(rows) * C), dim3(kThreads), kStreamSmem,
-                        stream, static_cast<unsigned>(C), scores, row_stride, cols, lengths, k, out);
+  // The 80-register instance wherever the whole grid is resident at its occupancy or it loses none (SM12x: one CTA
+  // per SM either way, and the 64-register instance spills 4 bytes there), else the 64-register one.
+  const bool wide = per_sm3 >= per_sm || static_cast<int64_t>(rows) * C <= per_sm3 * sms;
+  return launch_cluster(wide ? topk_stream_kernel<3> : topk_stream_kernel<4>, dim3(static_cast<unsigned>(rows) * C),
+                        dim3(kThreads), kStreamSmem, stream, static_cast<unsigned>(C), scores, row_stride, cols,
+                        lengths, k, out);
 }
 
 }  // namespace dsv4::cuda::topk_detail
