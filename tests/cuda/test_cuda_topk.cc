@@ -24,12 +24,16 @@ struct Case {
 
 // The kernels behind cuda::topk_rows for rows longer than k, selected per call by DSV4_TOPK_KERNEL ("resident"
 // applies to rows of at most 64K entries, "small" to rows of at most 4096; other rows take the streaming kernel
-// or the default choice).
-const char* const kKernels[] = {"stream", "resident", "small"};
-// Sets DSV4_TOPK_KERNEL for its lifetime.
+// or the default choice), and "one_cta": the default choice under the one-CTA-per-row policy of parts with less
+// than 128 KB of shared memory per block (DSV4_TOPK_ONE_CTA=1: the streaming kernel without a cluster).
+const char* const kKernels[] = {"stream", "resident", "small", "one_cta"};
+// Sets DSV4_TOPK_KERNEL (or DSV4_TOPK_ONE_CTA) for its lifetime.
 struct KernelChoice {
-  explicit KernelChoice(const char* k) { setenv("DSV4_TOPK_KERNEL", k, 1); }
-  ~KernelChoice() { unsetenv("DSV4_TOPK_KERNEL"); }
+  explicit KernelChoice(const char* k) : var(std::strcmp(k, "one_cta") == 0 ? "DSV4_TOPK_ONE_CTA" : "DSV4_TOPK_KERNEL") {
+    setenv(var, std::strcmp(k, "one_cta") == 0 ? "1" : k, 1);
+  }
+  ~KernelChoice() { unsetenv(var); }
+  const char* var;
 };
 
 // Runs every kernel on `c` (output poisoned first) and compares every row with the CPU reference; then once more
@@ -391,6 +395,34 @@ TEST(CudaTopk, SelectAllMatchesTopkOnShortRows) {
         }
       }
     }
+}
+
+// Issue #4: one CTA per row on parts with less than 128 KB of shared memory per block. The policy applies there by
+// itself (device_config().smem_optin) and anywhere under DSV4_TOPK_ONE_CTA=1, which every check_case above runs
+// ("one_cta"); here the shapes' CTAs per row: 1 for every shape under the policy, and on a part with more shared
+// memory the clusters the default gives long rows (so the knob is seen to change something).
+TEST(CudaTopk, OneCtaPerRowPolicy) {
+  const bool small_smem = cuda::device_config().smem_optin < size_t{128} * 1024;
+  const int shapes[][2] = {{65536, 1}, {65536, 8}, {262144, 1}, {1 << 20, 2}, {16384, 64}, {8192, 1}, {4096, 1}};
+  for (const auto& sh : shapes) {
+    const int dflt = cuda::topk_ctas_per_row(sh[0], sh[1], 512);
+    if (small_smem) {
+      EXPECT_EQ(dflt, 1) << sh[0] << " x " << sh[1];
+    }
+    const KernelChoice one("one_cta");
+    EXPECT_EQ(cuda::topk_ctas_per_row(sh[0], sh[1], 512), 1) << sh[0] << " x " << sh[1];
+  }
+  if (!small_smem) {
+    EXPECT_GT(cuda::topk_ctas_per_row(65536, 1, 512), 1);
+    EXPECT_GT(cuda::topk_ctas_per_row(262144, 8, 512), 1);
+  }
+  // A long row through one CTA under the policy: 1M entries, k 2048, lengths cut short and a NaN / -inf sprinkle.
+  std::mt19937_64 rng(cuda_test::test_seed() + 20);
+  Case c = random_case(rng, 2, 1 << 20, 2048);
+  c.name = "one CTA, 1M entries";
+  c.lengths = {1 << 20, 700001};
+  for (int i = 0; i < 64; ++i) c.scores[rng() % c.scores.size()] = i % 2 ? NAN : -INFINITY;
+  check_case(c);
 }
 
 TEST(CudaTopk, UnsupportedShapeFailsLoudly) {

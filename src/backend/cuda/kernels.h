@@ -32,7 +32,8 @@ bool pdl_enabled();
 // scores: [rows, row_stride] fp32; row r holds lengths[r] entries (lengths == nullptr: all `cols`; values
 // above `cols` are clamped). out: [rows, k] int32 = the selected indices in ascending order, then -1.
 // Exact for any input (nothing is ever truncated), lowest index wins among equal values, NaN/-inf never
-// selected. One CTA (rows of <= 4096 entries) or one thread-block cluster (<= 8 CTAs) per row, exchanging data
+// selected. One CTA (rows of <= 4096 entries, or any row on parts with < 128 KB of shared memory per block) or
+// one thread-block cluster (<= 8 CTAs) per row, exchanging data
 // only through distributed shared memory and the cluster barrier (no global workspace, no spin loop); the kernel
 // is chosen from the shapes (topk.cu: a compaction for rows no longer than k, one CTA per row up to 4096 entries,
 // a register-resident cluster for a few rows of 16K-64K, else a streaming kernel that reads each row once).
@@ -48,6 +49,10 @@ struct TopkOutput {
 };
 void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int32_t* lengths, int rows, int k,
                int32_t* out, cudaStream_t stream, const TopkOutput& placement = {});
+// The CTAs topk_rows runs per row for this shape on the current device: 1, or the size of the row's thread-block
+// cluster. Parts with less than 128 KB of shared memory per block (SM12x, ~99 KB) run one CTA per row for every
+// shape (issue #4), and so does any part under DSV4_TOPK_ONE_CTA=1 (a test and benchmark knob, read per call).
+int topk_ctas_per_row(int64_t cols, int rows, int k);
 // What topk_rows selects for rows no longer than k (cols <= k) when no score is NaN or -inf, without scores:
 // every index below the row's length (lengths as above), ascending, then -1 up to k, placed as TopkOutput says.
 // The CSA indexer's short contexts need no scores at all (GpuOptions::index_all_when_short).

@@ -60,6 +60,17 @@ __global__ void __launch_bounds__(kThreads) select_all_kernel(int cols, const in
   else orow.none(i);
 }
 
+// Issue #4: parts with less than 128 KB of shared memory per block (SM12x: ~99 KB; vLLM's persistent top-k had to
+// force one CTA per row there, failure-modes spec 2.3) run one CTA per row for every shape: rows of up to 4096
+// entries on topk_small as everywhere, longer ones on the streaming kernel without a cluster (it reads the whole
+// row; the resident kernel needs a cluster above 8K entries and is not used). DSV4_TOPK_ONE_CTA=1 applies the same
+// policy anywhere (a test and benchmark knob, read per call).
+bool one_cta_per_row() {
+  if (device_config().smem_optin < size_t{128} * 1024) return true;
+  const char* e = std::getenv("DSV4_TOPK_ONE_CTA");
+  return e && std::strcmp(e, "1") == 0;
+}
+
 // The register-resident kernel for rows of 32K-64K entries, or of 16K-32K from 16 rows, when all of its CTAs
 // fit two per SM (rows x ceil(cols / 8K) <= 2 x SMs); the streaming kernel otherwise. Measured on the H200
 // (docs/KERNELS.md, runs 75-80, 131):
@@ -86,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) select_all_kernel(int cols, const in
 // DSV4_TOPK_KERNEL=resident / stream forces one (a benchmarking and test knob; resident only where it applies),
 // read per call.
 bool use_resident(int64_t cols, int rows) {
-  if (cols > kMaxCluster * kResidentTile) return false;
+  if (cols > kMaxCluster * kResidentTile || one_cta_per_row()) return false;
   const char* e = std::getenv("DSV4_TOPK_KERNEL");
   if (e && std::strcmp(e, "resident") == 0) return true;
   if (e && std::strcmp(e, "stream") == 0) return false;
@@ -142,8 +153,17 @@ void topk_rows(const float* scores, int64_t row_stride, int64_t cols, const int3
     check(launch_topk_resident(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream),
           "topk_resident_kernel launch");
   else
-    check(launch_topk_stream(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream),
+    check(launch_topk_stream(scores, row_stride, static_cast<int>(cols), lengths, rows, k, out, stream,
+                             one_cta_per_row()),
           "topk_stream_kernel launch");
+}
+
+int topk_ctas_per_row(int64_t cols, int rows, int k) {
+  device_config();
+  check_rows("cuda::topk_ctas_per_row", cols, rows, k, {});
+  if (cols <= k || use_small(cols)) return 1;
+  if (use_resident(cols, rows)) return static_cast<int>((cols + kResidentTile - 1) / kResidentTile);
+  return stream_ctas_per_row(static_cast<int>(cols), std::max(rows, 1), one_cta_per_row());
 }
 
 void select_all_rows(int64_t cols, const int32_t* lengths, int rows, int k, int32_t* out_ptr, cudaStream_t stream,

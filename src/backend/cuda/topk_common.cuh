@@ -113,8 +113,10 @@ cudaError_t launch_topk_resident(const float* scores, int64_t row_stride, int co
 // One CTA per row, no cluster: cols <= kSmallCols.
 cudaError_t launch_topk_small(const float* scores, int64_t row_stride, int cols, const int32_t* lengths, int rows,
                               int k, OutMap out, cudaStream_t stream);
-// Any row length.
+// Any row length; one_cta: one CTA per row (no cluster), whatever the shape.
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                               int rows, int k, OutMap out, cudaStream_t stream);
+                               int rows, int k, OutMap out, cudaStream_t stream, bool one_cta);
+// The streaming kernel's CTAs per row (its cluster size) for this shape, as launch_topk_stream picks it.
+int stream_ctas_per_row(int cols, int rows, bool one_cta);
 
 }  // namespace dsv4::cuda::topk_detail

@@ -377,18 +377,25 @@ cudaError_t stream_kernel_setup(int& per_sm) {
   return attr;
 }
 
+int stream_ctas_per_row(int cols, int rows, bool one_cta) {
+  int per_sm = 0;
+  check(stream_kernel_setup<4>(per_sm), "topk_stream_kernel setup");
+  if (one_cta) return 1;
+  // CTAs per row from the shapes only (never from device data): about two CTAs per SM (at most what is resident)
+  // over all rows, at least two tiles per CTA, at most kMaxCluster. (16 CTAs per row, a non-portable cluster on
+  // sm_90, was slower: 40 against 26 us for one 64K row, run 62 in docs/PERFORMANCE.md.)
+  const int64_t want = (std::min(2, per_sm) * static_cast<int64_t>(device_config().sm_count) + rows - 1) / rows;
+  return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, cols / (2 * kSTile)), 1, kMaxCluster));
+}
+
 cudaError_t launch_topk_stream(const float* scores, int64_t row_stride, int cols, const int32_t* lengths,
-                               int rows, int k, OutMap out, cudaStream_t stream) {
+                               int rows, int k, OutMap out, cudaStream_t stream, bool one_cta) {
   int per_sm = 0, per_sm3 = 0;
   cudaError_t attr = stream_kernel_setup<4>(per_sm);
   if (attr == cudaSuccess) attr = stream_kernel_setup<3>(per_sm3);
   if (attr != cudaSuccess) return attr;
   const int64_t sms = device_config().sm_count;
-  // CTAs per row from the shapes only (never from device data): about two CTAs per SM (at most what is resident)
-  // over all rows, at least two tiles per CTA, at most kMaxCluster. (16 CTAs per row, a non-portable cluster on
-  // sm_90, was slower: 40 against 26 us for one 64K row, run 62 in docs/PERFORMANCE.md.)
-  const int64_t want = (std::min(2, per_sm) * sms + rows - 1) / rows;
-  const int C = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, cols / (2 * kSTile)), 1, kMaxCluster));
+  const int C = stream_ctas_per_row(cols, rows, one_cta);
   // The 80-register instance wherever the whole grid is resident at its occupancy or it loses none (SM12x: one CTA
   // per SM either way, and the 64-register instance spills 4 bytes there), else the 64-register one.
   const bool wide = per_sm3 >= per_sm || static_cast<int64_t>(rows) * C <= per_sm3 * sms;
