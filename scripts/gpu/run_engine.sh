@@ -15,7 +15,7 @@ source scripts/gpu/deps_prefix.sh
 
 rm -f $B/CMakeCache.txt  # the carried tree may hold a cache from another machine
 { cmake -S . -B $B -DDSV4_CUDA=ON -DDSV4_BENCH=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_kernel_views test_gpu_sample test_glue_linear test_glue_route test_gpu_golden test_gpu_memory_plan; } \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} && cmake --build $B -j "$JOBS" --target test_gpu_model test_gpu_mtp test_gpu_kernel_views test_gpu_sample test_glue_linear test_glue_route test_gpu_golden test_gpu_memory_plan; } \
   > "$FINAL/build.log" 2>&1 || { echo "BUILD FAILED"; grep -E "error" -A3 "$FINAL/build.log" | head -40; tail -20 "$FINAL/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$FINAL/gpu.txt" 2>&1
 
@@ -37,6 +37,7 @@ echo "== $(date -u +%F) $(tail -1 "$FINAL/gpu.txt")"
 run_test test_gpu_model "GPU engine vs CPU" \
   "DSV4_TEST_SEED|vs CPU|vs eager|decode \(|Failure|Expected|Which is|error|exception|what\(\)|^\[  |^\[ RUN|OK \]|FAILED" 80 \
   ${ENGINE_FILTER:+--gtest_filter="$ENGINE_FILTER"}
+run_test test_gpu_mtp "GPU MTP block vs CPU" "DSV4_TEST_SEED|vs CPU|Failure|Expected|Which is|exception|what\(\)|^\[  " 20
 run_test test_gpu_kernel_views "kernel views" "vs|Failure|^\[  " 60
 run_test test_gpu_golden "GPU vs transformers golden fixture" "kernel_width|Failure|Expected|Which is|exception|^\[  " 14
 run_test test_glue_linear "glue linear" "rows|Failure|^\[  " 14

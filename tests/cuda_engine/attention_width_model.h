@@ -17,10 +17,12 @@
 
 namespace dsv4::testing {
 
-inline std::string attention_width_config(const std::vector<int>& compress_ratios, int n_experts, int index_topk) {
+// compress_ratios: the main layers' then the MTP layers' (nextn of them, the last entries).
+inline std::string attention_width_config(const std::vector<int>& compress_ratios, int n_experts, int index_topk,
+                                          int nextn = 0) {
   nlohmann::json j = {
       {"vocab_size", 1024}, {"hidden_size", 512},
-      {"num_hidden_layers", static_cast<int>(compress_ratios.size())}, {"num_nextn_predict_layers", 0},
+      {"num_hidden_layers", static_cast<int>(compress_ratios.size()) - nextn}, {"num_nextn_predict_layers", nextn},
       {"num_attention_heads", 64}, {"num_key_value_heads", 1}, {"head_dim", 512}, {"qk_rope_head_dim", 64},
       {"q_lora_rank", 256}, {"o_groups", 8}, {"o_lora_rank", 128},
       {"n_routed_experts", n_experts}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2},

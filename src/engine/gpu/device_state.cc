@@ -8,7 +8,7 @@
 namespace dsv4::gpu {
 
 DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int64_t max_len, bool poison,
-                         int64_t ring_size)
+                         int64_t ring_size, int n_layers)
     : max_seqs(max_seqs_), max_model_len(max_len) {
   format = dtype == KvDtype::kF32 ? cuda::KvRowFormat::kF32
            : dtype == KvDtype::kBF16 ? cuda::KvRowFormat::kBF16 : cuda::KvRowFormat::kFP8;
@@ -19,7 +19,8 @@ DeviceState::DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs_, int
   index_row_bytes = KvCodec(dtype, id, 0, id).row_bytes();
   ring = ring_size > 0 ? ring_size : c.sliding_window;
   if (ring < c.sliding_window) fail("GPU state: ring of ", ring, " rows is below the window ", c.sliding_window);
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
+  if (n_layers < 0) n_layers = c.num_hidden_layers;
+  for (int i = 0; i < n_layers; ++i) {
     LayerPools p;
     p.ratio = c.compress_ratio(i);
     p.rows_per_seq = ring + (p.ratio ? max_len / p.ratio : 0);

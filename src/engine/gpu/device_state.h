@@ -36,9 +36,10 @@ struct SlotPool {
 
 class DeviceState {
  public:
-  // ring: rows of the window ring (engine/step_plan.h ring_rows; 0 = the window).
+  // ring: rows of the window ring (engine/step_plan.h ring_rows; 0 = the window). n_layers: the layers to hold
+  // state for (-1: the main layers; c.num_layers_total() with the MTP block, GpuOptions::load_mtp).
   DeviceState(const ModelConfig& c, KvDtype dtype, int max_seqs, int64_t max_model_len, bool poison,
-              int64_t ring = 0);
+              int64_t ring = 0, int n_layers = -1);
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
   ~DeviceState();

@@ -143,13 +143,14 @@ DevCompressor DeviceWeights::put(const CompressorWeights& c) {
   return d;
 }
 
-void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool progress) {
+void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool progress, bool mtp) {
   progress_ = progress;
   total_ = 0;
   auto count = [&](const LinearWeight& l) { total_ += weight_bytes(l) + scale_bytes(l); };
   count(w.embed);
   count(w.head);
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
+  const int n_layers = c.num_hidden_layers + (mtp ? c.num_nextn_predict_layers : 0);
+  for (int i = 0; i < n_layers; ++i) {
     const LayerWeights& L = w.layers[i];
     for (const LinearWeight* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.gate}) count(*l);
     if (L.ratio) count(L.compressor.wkv), count(L.compressor.wgate);
@@ -157,6 +158,7 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
       count(L.index_wq_b), count(L.index_weights_proj), count(L.index_compressor.wkv), count(L.index_compressor.wgate);
     if (L.has_shared) count(L.shared.w1), count(L.shared.w2), count(L.shared.w3);
     for (const ExpertWeights& e : L.experts) count(e.w1), count(e.w2), count(e.w3);
+    if (L.is_mtp) count(L.e_proj), count(L.h_proj);
   }
 
   if (w.embed.fmt != WeightFormat::kBF16) fail("GPU engine: embed.weight must be BF16");
@@ -164,51 +166,61 @@ void DeviceWeights::upload(const ModelWeights& w, const ModelConfig& c, bool pro
   head = put(w.head);
   norm = put(w.norm);
   hc_head = put(w.hc_head);
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const LayerWeights& L = w.layers[i];
-    DevLayer d;
-    d.attn_norm = put(L.attn_norm);
-    d.ffn_norm = put(L.ffn_norm);
-    d.attn_sink = put(L.attn_sink);
-    d.q_norm = put(L.q_norm);
-    d.kv_norm = put(L.kv_norm);
-    d.hc_attn = put(L.hc_attn);
-    d.hc_ffn = put(L.hc_ffn);
-    put_stacked(L.wq_a, L.wkv, d.wq_a_wkv, d.wq_a, d.wkv);
-    d.wq_b = put(L.wq_b);
-    d.wo_a = put(L.wo_a);
-    d.wo_b = put(L.wo_b);
-    if (L.ratio) d.comp = put(L.compressor);
-    if (L.kind == AttnKind::kCSA) {
-      d.index_comp = put(L.index_compressor);
-      d.index_wq_b = put(L.index_wq_b);
-      d.index_weights_proj = put(L.index_weights_proj);
-    }
-    d.gate = put(L.gate);
-    if (L.hash) d.tid2eid = static_cast<const int32_t*>(put(L.tid2eid.data(), L.tid2eid.size() * 4));
-    else d.gate_bias = put(L.gate_bias);
-    d.has_shared = L.has_shared;
-    if (L.has_shared) {
-      put_stacked(L.shared.w1, L.shared.w3, d.sh_w13, d.sh_w1, d.sh_w3);
-      d.sh_w2 = put(L.shared.w2);
-    }
-    std::vector<cudalin::DevExpert> ex;
-    std::vector<glue::Expert> ex_exact;
-    for (const ExpertWeights& e : L.experts) {
-      DevLinear w1 = put(e.w1), w2 = put(e.w2), w3 = put(e.w3);
-      d.expert_fmt = e.w1.fmt;
-      ex.push_back({w1.g.w, w1.g.scale, w3.g.w, w3.g.scale, w2.g.w, w2.g.scale});
-      if (e.w1.fmt == WeightFormat::kFP4 && !cudalin::moe_expert_aligned(ex.back()))
-        fail("layer ", i, " expert ", ex.size() - 1, ": MXFP4 weights or scales not 16- / 4-byte aligned on the device");
-      ex_exact.push_back({w1.g, w2.g, w3.g});
-    }
-    static_assert(sizeof(cudalin::DevExpert) + sizeof(glue::Expert) <= kDeviceExpertTableBytes,
-                  "the memory plan's allowance for the expert tables (model/weights.h)");
-    d.experts = static_cast<const cudalin::DevExpert*>(put(ex.data(), ex.size() * sizeof(ex[0])));
-    d.experts_exact = static_cast<const glue::Expert*>(put(ex_exact.data(), ex_exact.size() * sizeof(ex_exact[0])));
-    layers.push_back(d);
-  }
+  for (int i = 0; i < n_layers; ++i) (i < c.num_hidden_layers ? layers : mtp_layers).push_back(put_layer(w.layers[i], i));
   if (progress_) std::fprintf(stderr, "\rloading weights to the GPU: %zu MiB done\n", bytes >> 20);
+}
+
+DevLayer DeviceWeights::put_layer(const LayerWeights& L, int i) {
+  DevLayer d;
+  d.attn_norm = put(L.attn_norm);
+  d.ffn_norm = put(L.ffn_norm);
+  d.attn_sink = put(L.attn_sink);
+  d.q_norm = put(L.q_norm);
+  d.kv_norm = put(L.kv_norm);
+  d.hc_attn = put(L.hc_attn);
+  d.hc_ffn = put(L.hc_ffn);
+  put_stacked(L.wq_a, L.wkv, d.wq_a_wkv, d.wq_a, d.wkv);
+  d.wq_b = put(L.wq_b);
+  d.wo_a = put(L.wo_a);
+  d.wo_b = put(L.wo_b);
+  if (L.ratio) d.comp = put(L.compressor);
+  if (L.kind == AttnKind::kCSA) {
+    d.index_comp = put(L.index_compressor);
+    d.index_wq_b = put(L.index_wq_b);
+    d.index_weights_proj = put(L.index_weights_proj);
+  }
+  d.gate = put(L.gate);
+  if (L.hash) d.tid2eid = static_cast<const int32_t*>(put(L.tid2eid.data(), L.tid2eid.size() * 4));
+  else d.gate_bias = put(L.gate_bias);
+  d.has_shared = L.has_shared;
+  if (L.has_shared) {
+    put_stacked(L.shared.w1, L.shared.w3, d.sh_w13, d.sh_w1, d.sh_w3);
+    d.sh_w2 = put(L.shared.w2);
+  }
+  std::vector<cudalin::DevExpert> ex;
+  std::vector<glue::Expert> ex_exact;
+  for (const ExpertWeights& e : L.experts) {
+    DevLinear w1 = put(e.w1), w2 = put(e.w2), w3 = put(e.w3);
+    d.expert_fmt = e.w1.fmt;
+    ex.push_back({w1.g.w, w1.g.scale, w3.g.w, w3.g.scale, w2.g.w, w2.g.scale});
+    if (e.w1.fmt == WeightFormat::kFP4 && !cudalin::moe_expert_aligned(ex.back()))
+      fail("layer ", i, " expert ", ex.size() - 1, ": MXFP4 weights or scales not 16- / 4-byte aligned on the device");
+    ex_exact.push_back({w1.g, w2.g, w3.g});
+  }
+  static_assert(sizeof(cudalin::DevExpert) + sizeof(glue::Expert) <= kDeviceExpertTableBytes,
+                "the memory plan's allowance for the expert tables (model/weights.h)");
+  d.experts = static_cast<const cudalin::DevExpert*>(put(ex.data(), ex.size() * sizeof(ex[0])));
+  d.experts_exact = static_cast<const glue::Expert*>(put(ex_exact.data(), ex_exact.size() * sizeof(ex_exact[0])));
+  if (L.is_mtp) {
+    d.is_mtp = true;
+    d.e_proj = put(L.e_proj);
+    d.h_proj = put(L.h_proj);
+    d.enorm = put(L.enorm);
+    d.hnorm = put(L.hnorm);
+    d.mtp_norm = put(L.norm);
+    d.mtp_hc_head = put(L.hc_head);
+  }
+  return d;
 }
 
 }  // namespace dsv4::gpu

@@ -57,6 +57,12 @@ struct DevLayer {
   const glue::Expert* experts_exact = nullptr;  // device array [n_experts]
   // Every expert scale lies where moe_decode's f16 path is exact (cudalin::moe_scales_fit_f16; set at load).
   bool experts_fit_f16 = false;
+  // The MTP block only (engine/forward.cc: Model::mtp_forward): x = e_proj(enorm(embed(next))) broadcast to the
+  // streams + h_proj(hnorm(h_j)), then the layer, then its own hc_head and final norm before the shared LM head.
+  bool is_mtp = false;
+  DevLinear e_proj, h_proj;
+  const float *enorm = nullptr, *hnorm = nullptr, *mtp_norm = nullptr;
+  DevHc mtp_hc_head;
 };
 
 class DeviceWeights {
@@ -66,14 +72,16 @@ class DeviceWeights {
   DeviceWeights& operator=(const DeviceWeights&) = delete;
   ~DeviceWeights();
 
-  // Uploads the main layers (MTP layers are not uploaded yet). Progress on stderr when `progress`.
-  void upload(const ModelWeights& w, const ModelConfig& c, bool progress);
+  // Uploads the main layers into `layers` and, with `mtp`, the MTP layers into `mtp_layers`. Progress on stderr
+  // when `progress`.
+  void upload(const ModelWeights& w, const ModelConfig& c, bool progress, bool mtp = false);
 
   const uint16_t* embed = nullptr;
   DevLinear head;
   const float* norm = nullptr;
   DevHc hc_head;
   std::vector<DevLayer> layers;
+  std::vector<DevLayer> mtp_layers;  // GpuOptions::load_mtp (GpuModel appends them to `layers` after the main ones)
   size_t bytes = 0;
 
  private:
@@ -84,6 +92,7 @@ class DeviceWeights {
   void put_stacked(const LinearWeight& a, const LinearWeight& b, DevLinear& stacked, DevLinear& va, DevLinear& vb);
   DevHc put(const HcWeights& h);
   DevCompressor put(const CompressorWeights& c);
+  DevLayer put_layer(const LayerWeights& L, int index);
 
   std::vector<void*> allocs_;
   size_t total_ = 0;

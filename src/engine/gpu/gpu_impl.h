@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -192,13 +193,22 @@ struct GpuModel::Impl {
 
   // Fills and uploads the metadata of one step; meta.out_rows must be set before.
   void set_step(const std::vector<StepSeq>& seqs);
+  // After a step: the pre-head streams (s.h) of each of its sequences' tokens to dst(chunk, position of the
+  // first) when that returns non-null, on `stream` (the caller synchronizes).
+  void download_streams(const std::vector<StepSeq>& seqs, const std::function<float*(size_t, int64_t)>& dst);
   // Embedding, all layers, hc_head, norm, LM head: logits [out_rows, vocab] in s.logits.
   void run_step(int T);
   // run_step through the graph cache when GpuOptions::cuda_graphs (eager on a key's first use).
   void launch_step(int T);
+  // The MTP block (Model::mtp_forward) on a step's tokens (the next tokens), its input streams in s.h [T, hc_mult,
+  // hidden]: logits [out_rows, vocab] in s.logits. Eager.
+  void run_mtp_step(int T);
 
  private:
   void layer(int li, int T);
+  // hc_head (weights hc, the final RMSNorm norm_w fused) on the streams in h_cur, then the LM head on the step's
+  // out_rows: logits in s.logits.
+  void head(const DevHc& hc, const float* norm_w, int T);
   // x16: the formats layer() had hc_pre write the 16-bit copies of x in.
   void attention(int li, int T, const X16Formats& x16);
   void ffn(int li, int T, const X16Formats& x16);

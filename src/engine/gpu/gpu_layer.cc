@@ -1,5 +1,6 @@
 // One decode step of the GPU forward: the block loop of engine/forward.cc and the attention sub-layer of
 // engine/attention.cc, operation for operation, on device buffers. T tokens, one per sequence.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/glue/glue.h"
@@ -544,21 +545,58 @@ void GpuModel::Impl::run_step(int T) {
   if (s.rope_cs) glue::rope_table(meta.dev(StepMeta::kPos), T, freq_comp, n_freq, s.rope_cs, stream);
   mark("embed");
   for (int li = 0; li < c->num_hidden_layers; ++li) layer(li, T);
+  head(w.hc_head, w.norm, T);
+}
+
+void GpuModel::Impl::run_mtp_step(int T) {
+  step_tokens = T;
+  const int64_t D = c->hidden_size;
+  const int n = c->hc_mult;
+  const int li = c->num_hidden_layers;  // the MTP block follows the main layers (GpuModel::load)
+  if (li >= static_cast<int>(w.layers.size()) || !w.layers[li].is_mtp)
+    fail("GPU engine (internal): no MTP layer at index ", li);
+  const DevLayer& L = w.layers[li];
+  const float eps = static_cast<float>(c->rms_norm_eps);
+  prof_n = 0;
+  mark("start");
+  h_cur = s.h;
+  pending_res = nullptr;
+  // x = e_proj(enorm(embed(next))) + h_proj(hnorm(h_j)) per stream j (engine/forward.cc, Model::mtp_forward).
+  glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, 1, s.x, stream);
+  glue::rmsnorm_rows(s.x, D, L.enorm, T, D, eps, s.x, D, stream);
+  lin(L.e_proj, s.x, D, T, s.y, D);
+  glue::rmsnorm_rows(s.h, D, L.hnorm, T * n, D, eps, s.res, D, stream);
+  // h_proj over the T * n normalized streams as rows, at most 64 per call (the GEMV's rows; the buffers hold
+  // cap_tokens * hc_mult rows of hidden, so no call reads past them).
+  for (int r0 = 0; r0 < T * n; r0 += 64)
+    lin(L.h_proj, s.res + r0 * D, D, std::min(64, T * n - r0), s.h + r0 * D, D);
+  glue::add_to_streams(s.y, T, D, n, s.h, stream);
+  if (s.rope_cs) glue::rope_table(meta.dev(StepMeta::kPos), T, freq_comp, n_freq, s.rope_cs, stream);
+  mark("mtp.input");
+  layer(li, T);
+  head(L.mtp_hc_head, L.mtp_norm, T);
+}
+
+void GpuModel::Impl::head(const DevHc& hc, const float* norm_w, int T) {
+  const int64_t D = c->hidden_size;
   cuda::HcArgs a;
   a.n_tokens = T;
   a.dim = D;
   a.n = c->hc_mult;
   take_pending_post(a);
-  a.fn = w.hc_head.fn;
-  a.base = w.hc_head.base;
-  a.scale = w.hc_head.scale;
+  // Every sub-layer's hc_post flips the streams between s.h and s.res, twice per layer: the pre-head streams
+  // (GpuSeqChunk::keep_streams) end in s.h.
+  if (h_cur != s.h) fail("GPU engine (internal): the pre-head streams are not in s.h");
+  a.fn = hc.fn;
+  a.base = hc.base;
+  a.scale = hc.scale;
   a.sinkhorn_iters = c->hc_sinkhorn_iters;
   a.hc_eps = static_cast<float>(c->hc_eps);
   a.norm_eps = static_cast<float>(c->rms_norm_eps);
   a.x = s.y;
   a.workspace = s.hc_ws;
   if (opt.hc_one_kernel) a.counter = s.hc_counter;
-  a.norm_w = w.norm;  // the final RMSNorm, fused
+  a.norm_w = norm_w;  // the final RMSNorm, fused
   cuda::hc_head(a, stream);
   mark("hc_head+norm");
   // The LM head only for the rows whose logits are needed (a prefill step needs few of its tokens').

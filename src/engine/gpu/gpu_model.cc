@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -133,7 +134,7 @@ void GpuModel::Impl::alloc_scratch() {
     };
     for (const DevLayer& L : w.layers) {
       for (const DevLinear* l : {&L.wq_a, &L.wq_b, &L.wkv, &L.wq_a_wkv, &L.wo_b, &L.index_wq_b, &L.sh_w1, &L.sh_w2,
-                                 &L.sh_w3, &L.sh_w13})
+                                 &L.sh_w3, &L.sh_w13, &L.e_proj, &L.h_proj})
         consider(*l);
       most = std::max(most, L.wo_a.rows * L.wo_a.cols / std::max<int64_t>(1, c->o_groups));  // one group
     }
@@ -264,6 +265,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
     fail("GPU engine: the compressor kernel needs index_head_dim 128 (got ", c.index_head_dim, ")");
   if (any_csa && (c.index_topk < 1 || c.index_topk > 2048)) fail("GPU engine: index_topk must be in 1..2048");
   if (c.num_experts_per_tok > 16) fail("GPU engine: num_experts_per_tok above 16 is not supported");
+  if (opt.load_mtp && c.num_nextn_predict_layers < 1)
+    fail("GPU engine: load_mtp: ", dir, " has no MTP layer (num_nextn_predict_layers = 0)");
 
   const cuda::DeviceConfig& dc = cuda::device_config();
   cudalin::require_supported_device();
@@ -322,16 +325,19 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
       im.timeline_set.assign(im.timeline.size(), 0);
     }
   }
-  im.w.upload(m->host_->weights(), c, opt.progress);
-  if (opt.act_quant) im.check_act_quant();
+  im.w.upload(m->host_->weights(), c, opt.progress, opt.load_mtp);
   if (opt.repeat_layers > 1) {  // copies of the layer views, same device memory
     const std::vector<DevLayer> base = im.w.layers;
     for (int k = 1; k < opt.repeat_layers; ++k) im.w.layers.insert(im.w.layers.end(), base.begin(), base.end());
   }
+  // The MTP block after the main layers: layer index cfg_.num_hidden_layers, as on the CPU (its state and
+  // compress ratio follow the main layers' in cfg_ too).
+  im.w.layers.insert(im.w.layers.end(), im.w.mtp_layers.begin(), im.w.mtp_layers.end());
+  if (opt.act_quant) im.check_act_quant();
   im.cap_tokens = static_cast<int>(plan.step.step_tokens);
   im.logits_cap = static_cast<int>(plan.step.logits_rows);
   im.st = std::make_unique<DeviceState>(m->cfg_, opt.kv_dtype, opt.max_seqs, opt.max_model_len, opt.poison,
-                                        plan.step.ring_rows);
+                                        plan.step.ring_rows, static_cast<int>(im.w.layers.size()));
   const std::vector<float> fw = cpu::rope_inv_freq(c, false), fc = cpu::rope_inv_freq(c, true);
   im.n_freq = static_cast<int>(fw.size());
   auto up = [&](const std::vector<float>& v) {
@@ -356,7 +362,8 @@ void GpuModel::Impl::check_act_quant() const {
     const std::pair<const char*, const DevLinear*> lins[] = {
         {"wq_a", &L.wq_a},         {"wkv", &L.wkv},          {"wq_b", &L.wq_b},
         {"wo_b", &L.wo_b},         {"index wq_b", &L.index_wq_b}, {"shared w1", &L.sh_w1},
-        {"shared w2", &L.sh_w2},   {"shared w3", &L.sh_w3}};
+        {"shared w2", &L.sh_w2},   {"shared w3", &L.sh_w3},  {"MTP e_proj", &L.e_proj},
+        {"MTP h_proj", &L.h_proj}};
     for (const auto& [name, l] : lins)
       if (l->rows > 0 && l->fmt != WeightFormat::kBF16 && !gemv_applies(*l))
         fail("GPU engine: act_quant needs every FP8 linear in GEMV shape (rows % 16 == 0, cols % 128 == 0); layer ",
@@ -463,10 +470,12 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
         fail("token id ", ch.tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
     validate(ch.sampling);
   }
+  const int64_t stream_floats = static_cast<int64_t>(c.hc_mult) * c.hidden_size;  // one token's streams
   std::vector<ChunkOutput> out(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
     out[b].rows = !batch[b].return_logits ? 0 : batch[b].all_logits ? static_cast<int64_t>(batch[b].tokens.size()) : 1;
     out[b].logits.resize(out[b].rows * V);
+    if (batch[b].keep_streams) out[b].streams.resize(batch[b].tokens.size() * stream_floats);
     batch[b].error.clear();
   }
   // Steps (engine/step_plan.h): up to prefill_chunk tokens of every chunk per step (1: decode steps).
@@ -494,6 +503,10 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
       fail("GPU engine (internal): ", im.meta.out_rows.size(), " logits rows in a step; the buffer holds ", im.logits_cap);
     im.set_step(seqs);
     im.launch_step(T);
+    im.download_streams(seqs, [&](size_t chunk, int64_t index) {  // keep_streams: the pre-head streams (s.h)
+      return batch[chunk].keep_streams ? out[chunk].streams.data() + (index - batch[chunk].seq->length) * stream_floats
+                                       : nullptr;
+    });
     const int n_out = static_cast<int>(rows.size());
     const int n_rows = static_cast<int>(im.meta.out_rows.size());
     // Draw a token from every logits row (only a chunk's last row counts; rows nobody needs draw greedily).
@@ -558,6 +571,85 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     }
   }
   for (GpuSeqChunk& ch : batch) ch.seq->length += static_cast<int64_t>(ch.tokens.size());
+  return out;
+}
+
+void GpuModel::Impl::download_streams(const std::vector<StepSeq>& seqs,
+                                      const std::function<float*(size_t, int64_t)>& dst) {
+  const int64_t per = static_cast<int64_t>(c->hc_mult) * c->hidden_size;
+  int t = 0;
+  for (const StepSeq& q : seqs) {
+    if (float* p = dst(q.chunk, q.start))
+      cuda::check(cudaMemcpyAsync(p, s.h + t * per, sizeof(float) * per * q.count, cudaMemcpyDeviceToHost, stream),
+                  "download the pre-head streams");
+    t += q.count;
+  }
+}
+
+std::vector<ChunkOutput> GpuModel::mtp_forward(std::vector<GpuMtpChunk>& batch) {
+  const ModelConfig& c = config();
+  const int64_t V = c.vocab_size, per = static_cast<int64_t>(c.hc_mult) * c.hidden_size;
+  Impl& im = *impl_;
+  if (!opt_.load_mtp) fail("GPU mtp_forward: the model was loaded without its MTP block (GpuOptions::load_mtp)");
+  // Validate everything before any state changes.
+  if (static_cast<int>(batch.size()) > opt_.max_seqs)
+    fail("GPU mtp_forward: ", batch.size(), " sequences in one batch; at most max_seqs = ", opt_.max_seqs);
+  std::set<const GpuSequence*> seen;
+  for (const GpuMtpChunk& ch : batch) {
+    if (!ch.seq || ch.seq->slot_ < 0) fail("GPU mtp_forward: chunk without a sequence");
+    if (ch.next_tokens.empty()) fail("GPU mtp_forward: empty chunk");
+    if (!seen.insert(ch.seq).second) fail("GPU mtp_forward: a sequence appears twice in one batch");
+    if (ch.streams.size() != ch.next_tokens.size() * static_cast<size_t>(per))
+      fail("GPU mtp_forward: streams must be [tokens, hc_mult, hidden] for the given next tokens");
+    if (ch.seq->mtp_length + static_cast<int64_t>(ch.next_tokens.size()) > opt_.max_model_len)
+      fail("GPU mtp_forward: the MTP block would reach ", ch.seq->mtp_length + ch.next_tokens.size(),
+           " positions; max_model_len is ", opt_.max_model_len);
+    for (size_t i = 0; i < ch.next_tokens.size(); ++i)
+      if (ch.next_tokens[i] < 0 || ch.next_tokens[i] >= V)
+        fail("token id ", ch.next_tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
+  }
+  std::vector<ChunkOutput> out(batch.size());
+  std::vector<StepChunk> chunks(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    out[b].rows = batch[b].all_logits ? static_cast<int64_t>(batch[b].next_tokens.size()) : 1;
+    out[b].logits.resize(out[b].rows * V);
+    chunks[b] = StepChunk{batch[b].seq->slot_, batch[b].seq->mtp_length, batch[b].next_tokens.data(),
+                          static_cast<int64_t>(batch[b].next_tokens.size()), batch[b].all_logits};
+  }
+  std::vector<int64_t> done;
+  Step step;
+  while (next_step(chunks, done, opt_.prefill_chunk, im.cap_tokens, step, im.logits_cap)) {
+    const int T = step.tokens;
+    const bool one_per_seq = static_cast<int>(step.seqs.size()) == T;
+    im.meta.out_rows.clear();
+    if (one_per_seq)
+      for (int t = 0; t < T; ++t) im.meta.out_rows.push_back(t);
+    else
+      for (const StepOut& o : step.outs) im.meta.out_rows.push_back(o.row);
+    auto lrow = [&](size_t r) { return one_per_seq ? step.outs[r].row : static_cast<int>(r); };
+    im.set_step(step.seqs);
+    // The step's input streams, its tokens back to back, into s.h.
+    int t = 0;
+    for (const StepSeq& q : step.seqs) {
+      const GpuMtpChunk& ch = batch[q.chunk];
+      cuda::check(cudaMemcpyAsync(im.s.h + t * per, ch.streams.data() + (q.start - ch.seq->mtp_length) * per,
+                                  sizeof(float) * per * q.count, cudaMemcpyHostToDevice, im.stream),
+                  "upload the MTP input streams");
+      t += q.count;
+    }
+    im.run_mtp_step(T);
+    const int n_rows = static_cast<int>(im.meta.out_rows.size());
+    cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * n_rows * V, cudaMemcpyDeviceToHost,
+                                im.stream), "download MTP logits");
+    cuda::check(cudaStreamSynchronize(im.stream), "GPU mtp_forward step");
+    for (size_t r = 0; r < step.outs.size(); ++r) {
+      const StepOut& o = step.outs[r];
+      const int64_t row = batch[o.chunk].all_logits ? o.index : 0;
+      std::memcpy(out[o.chunk].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(lrow(r)) * V,
+                  sizeof(float) * V);
+    }
+  }
+  for (GpuMtpChunk& ch : batch) ch.seq->mtp_length += static_cast<int64_t>(ch.next_tokens.size());
   return out;
 }
 

@@ -139,6 +139,10 @@ struct GpuOptions {
   // indexer's and the compressor's streams finished. Each node on the main stream can cost it the PDL overlap
   // with the next kernel (compare the step time with it off). Off: none.
   bool branch_timeline = false;
+  // Upload the checkpoint's MTP block (mtp.0: its layer, e_proj / h_proj, enorm / hnorm, hc_head, norm) and hold
+  // its per-sequence state, for GpuModel::mtp_forward (speculative decoding's draft). Off: neither (the memory
+  // plan counts them either way); mtp_forward then refuses.
+  bool load_mtp = false;
 };
 
 struct SlotPool;
@@ -147,6 +151,7 @@ class GpuSequence {
  public:
   ~GpuSequence();
   int64_t length = 0;  // tokens processed
+  int64_t mtp_length = 0;  // positions the MTP block has processed (GpuModel::mtp_forward)
   uint64_t draws = 0;  // tokens drawn so far: the position in the sampling stream (seed, draws)
   int slot() const { return slot_; }
 
@@ -167,6 +172,17 @@ struct GpuSeqChunk {
   // +inf logit gives next_token = -1 and `error` set, never token 0.
   int32_t next_token = -1;
   std::string error;
+  bool keep_streams = false;    // also return the pre-head hyper-connection streams (ChunkOutput::streams)
+};
+
+// One MTP draft chunk, as MtpChunk on the CPU (engine/model.h): for positions p..p+S-1 of a sequence
+// (p = seq->mtp_length), the main model's pre-head streams at those positions (GpuSeqChunk::keep_streams) and the
+// tokens at p+1..p+S; the logits are for the tokens at p+2..p+S+1 (the last row only unless all_logits).
+struct GpuMtpChunk {
+  GpuSequence* seq = nullptr;
+  std::vector<int32_t> next_tokens;  // [S]
+  std::vector<float> streams;        // [S, hc_mult, hidden]
+  bool all_logits = false;
 };
 
 class GpuModel {
@@ -187,8 +203,12 @@ class GpuModel {
   // A new sequence in a free slot; throws when all max_seqs slots are taken.
   std::unique_ptr<GpuSequence> new_sequence();
 
-  // Same contract as Model::forward (keep_streams is not supported yet). Logits rows are fp32 [rows, vocab].
+  // Same contract as Model::forward. Logits rows are fp32 [rows, vocab].
   std::vector<ChunkOutput> forward(std::vector<GpuSeqChunk>& batch);
+  // Same contract as Model::mtp_forward: runs the MTP block on each chunk and advances seq->mtp_length. Needs
+  // GpuOptions::load_mtp and a checkpoint with an MTP layer. Steps as forward's (prefill_chunk tokens of a chunk
+  // per step), always eager (no CUDA graphs).
+  std::vector<ChunkOutput> mtp_forward(std::vector<GpuMtpChunk>& batch);
 
   // With profile_layers: (operation, milliseconds) of the last step, in launch order. Names are
   // "embed", "L<i>.<op>" for layer i, "head".

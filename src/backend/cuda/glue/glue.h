@@ -51,6 +51,10 @@ void moe_exact(const Expert* experts, int64_t hidden, int64_t inter, int top_k, 
 void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t dim, int n_streams, float* out,
                    cudaStream_t stream);
 
+// h [T, n_streams, dim] += e [T, dim] in every stream (the MTP block's input, engine/forward.cc: the fp32 sum
+// e + h, the same bits in either order).
+void add_to_streams(const float* e, int T, int64_t dim, int n_streams, float* h, cudaStream_t stream);
+
 // cpu::rmsnorm over `rows` rows of n (x row stride ldx, y row stride ldy; may alias); w may be null.
 // yb (optional): also y rounded to bf16 (nearest even; f16 when f16), same row stride ldy, for the linears
 // that read it.

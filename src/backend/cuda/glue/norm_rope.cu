@@ -1,4 +1,5 @@
 // Embedding gather, RMSNorm, per-head norm + RoPE, and KV row encoding (KvCodec::encode) into a row pool.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/pdl.cuh"
@@ -260,6 +261,25 @@ __global__ void kv_encode_kernel(const float* x, int dim, int fmt, int rope_dim,
 }
 
 }  // namespace
+
+namespace {
+__global__ void add_to_streams_kernel(const float* __restrict__ e, int64_t dim, int n, float* __restrict__ h) {
+  cuda::pdl::enter();  // PDL: every global access after this (backend/cuda/pdl.cuh)
+  const int t = blockIdx.x;
+  for (int64_t d = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; d < dim;
+       d += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    const float v = e[static_cast<int64_t>(t) * dim + d];
+    for (int j = 0; j < n; ++j) h[(static_cast<int64_t>(t) * n + j) * dim + d] += v;
+  }
+}
+}  // namespace
+
+void add_to_streams(const float* e, int T, int64_t dim, int n_streams, float* h, cudaStream_t stream) {
+  if (T <= 0) return;
+  const unsigned ny = static_cast<unsigned>(std::min<int64_t>((dim + 255) / 256, 64));
+  cuda::check(cuda::launch(add_to_streams_kernel, dim3(T, ny), dim3(256), 0, stream, e, dim, n_streams, h),
+              "add_to_streams_kernel launch");
+}
 
 void embed_streams(const uint16_t* embed, const int32_t* tokens, int T, int64_t dim, int n_streams, float* out,
                    cudaStream_t stream) {
