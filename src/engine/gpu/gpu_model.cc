@@ -450,24 +450,34 @@ std::unique_ptr<GpuSequence> GpuModel::new_sequence() {
   return s;
 }
 
+void GpuModel::check_batch_size(const char* what, size_t n) const {
+  if (static_cast<int>(n) > opt_.max_seqs)
+    fail(what, ": ", n, " sequences in one batch; at most max_seqs = ", opt_.max_seqs);
+}
+
+void GpuModel::check_chunk(const char* what, const GpuSequence* seq, const std::vector<int32_t>& tokens,
+                           int64_t length, std::set<const GpuSequence*>& seen) const {
+  if (!seq || seq->slot_ < 0) fail(what, ": chunk without a sequence");
+  if (tokens.empty()) fail(what, ": empty chunk");
+  if (!seen.insert(seq).second) fail(what, ": a sequence appears twice in one batch");
+  if (length + static_cast<int64_t>(tokens.size()) > opt_.max_model_len)
+    fail(what, ": sequence would reach ", length + static_cast<int64_t>(tokens.size()), " positions; max_model_len is ",
+         opt_.max_model_len);
+  const int64_t V = cfg_.vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      fail("token id ", tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
+}
+
 std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
   const ModelConfig& c = config();
   const int64_t V = c.vocab_size;
   Impl& im = *impl_;
   // Validate everything before any state changes.
-  if (static_cast<int>(batch.size()) > opt_.max_seqs)
-    fail("GPU forward: ", batch.size(), " sequences in one batch; at most max_seqs = ", opt_.max_seqs);
+  check_batch_size("GPU forward", batch.size());
   std::set<const GpuSequence*> seen;
   for (const GpuSeqChunk& ch : batch) {
-    if (!ch.seq || ch.seq->slot_ < 0) fail("GPU forward: chunk without a sequence");
-    if (ch.tokens.empty()) fail("GPU forward: empty chunk");
-    if (!seen.insert(ch.seq).second) fail("GPU forward: a sequence appears twice in one batch");
-    if (ch.seq->length + static_cast<int64_t>(ch.tokens.size()) > opt_.max_model_len)
-      fail("GPU forward: sequence would reach ", ch.seq->length + ch.tokens.size(), " tokens; max_model_len is ",
-           opt_.max_model_len);
-    for (size_t i = 0; i < ch.tokens.size(); ++i)
-      if (ch.tokens[i] < 0 || ch.tokens[i] >= V)
-        fail("token id ", ch.tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
+    check_chunk("GPU forward", ch.seq, ch.tokens, ch.seq ? ch.seq->length : 0, seen);
     validate(ch.sampling);
   }
   const int64_t stream_floats = static_cast<int64_t>(c.hc_mult) * c.hidden_size;  // one token's streams
@@ -592,21 +602,12 @@ std::vector<ChunkOutput> GpuModel::mtp_forward(std::vector<GpuMtpChunk>& batch) 
   Impl& im = *impl_;
   if (!opt_.load_mtp) fail("GPU mtp_forward: the model was loaded without its MTP block (GpuOptions::load_mtp)");
   // Validate everything before any state changes.
-  if (static_cast<int>(batch.size()) > opt_.max_seqs)
-    fail("GPU mtp_forward: ", batch.size(), " sequences in one batch; at most max_seqs = ", opt_.max_seqs);
+  check_batch_size("GPU mtp_forward", batch.size());
   std::set<const GpuSequence*> seen;
   for (const GpuMtpChunk& ch : batch) {
-    if (!ch.seq || ch.seq->slot_ < 0) fail("GPU mtp_forward: chunk without a sequence");
-    if (ch.next_tokens.empty()) fail("GPU mtp_forward: empty chunk");
-    if (!seen.insert(ch.seq).second) fail("GPU mtp_forward: a sequence appears twice in one batch");
+    check_chunk("GPU mtp_forward", ch.seq, ch.next_tokens, ch.seq ? ch.seq->mtp_length : 0, seen);
     if (ch.streams.size() != ch.next_tokens.size() * static_cast<size_t>(per))
       fail("GPU mtp_forward: streams must be [tokens, hc_mult, hidden] for the given next tokens");
-    if (ch.seq->mtp_length + static_cast<int64_t>(ch.next_tokens.size()) > opt_.max_model_len)
-      fail("GPU mtp_forward: the MTP block would reach ", ch.seq->mtp_length + ch.next_tokens.size(),
-           " positions; max_model_len is ", opt_.max_model_len);
-    for (size_t i = 0; i < ch.next_tokens.size(); ++i)
-      if (ch.next_tokens[i] < 0 || ch.next_tokens[i] >= V)
-        fail("token id ", ch.next_tokens[i], " at input position ", i, " is outside the vocabulary [0, ", V, ")");
   }
   std::vector<ChunkOutput> out(batch.size());
   std::vector<StepChunk> chunks(batch.size());

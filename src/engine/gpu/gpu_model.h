@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -230,6 +231,11 @@ class GpuModel {
 
  private:
   GpuModel() = default;
+  // The checks of forward / mtp_forward before any state changes (`what` names the caller); `length`: the
+  // positions the sequence's state has (GpuSequence::length, or mtp_length).
+  void check_batch_size(const char* what, size_t n) const;
+  void check_chunk(const char* what, const GpuSequence* seq, const std::vector<int32_t>& tokens, int64_t length,
+                   std::set<const GpuSequence*>& seen) const;
   std::unique_ptr<Model> host_;  // checkpoint mmap, bound weights, config
   ModelConfig cfg_;
   GpuOptions opt_;
