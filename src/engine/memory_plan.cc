@@ -115,14 +115,14 @@ std::pair<double, double> gpu_scratch(const Model& m, const StepCapacity& step) 
 
 }  // namespace
 
-MemoryPlan plan_memory(const Model& m, const StepCapacity& step) {
+MemoryPlan plan_memory(const Model& m, const StepCapacity& step, bool include_mtp) {
   MemoryPlan p;
   for (const auto& [name, t] : m.checkpoint().tensors()) {
     p.weights_by_component[component_of(name)] += t->nbytes;
     p.weights += t->nbytes;
   }
   const ModelConfig& c = m.config();
-  p.device_weights = device_weight_bytes(m.weights(), c.num_hidden_layers);
+  p.device_weights = device_weight_bytes(m.weights(), c.num_hidden_layers, include_mtp ? c.num_nextn_predict_layers : 0);
   p.step = step;
   p.kv_bytes_per_token = m.kv_bytes_per_token();
   p.kv_fixed_per_sequence = m.kv_fixed_bytes_per_sequence();

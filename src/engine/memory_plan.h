@@ -26,7 +26,7 @@ StepCapacity gpu_step_capacity(int max_seqs, int prefill_chunk, int sliding_wind
 struct MemoryPlan {
   std::map<std::string, size_t> weights_by_component;  // bytes as stored (the formats are kept on device)
   size_t weights = 0;         // as stored, every tensor (MTP included)
-  size_t device_weights = 0;  // what the GPU engine uploads (model/weights.h device_weight_bytes)
+  size_t device_weights = 0;  // what the GPU engine uploads (model/weights.h device_weight_bytes; MTP if asked)
   double kv_bytes_per_token = 0;    // compressed entries + indexer keys, all layers
   size_t kv_fixed_per_sequence = 0;  // window rings (ring_rows of them) + compressor rows
   StepCapacity step;                 // what the workspace below is sized for
@@ -46,7 +46,8 @@ struct MemoryPlan {
 // Which component a tensor name belongs to ("routed experts", "attention", ...).
 std::string component_of(const std::string& tensor_name);
 
-MemoryPlan plan_memory(const Model& m, const StepCapacity& step);
+// include_mtp: the device also holds the MTP block's weights (GpuOptions::load_mtp); its state is always counted.
+MemoryPlan plan_memory(const Model& m, const StepCapacity& step, bool include_mtp = false);
 
 // Throws dsv4::Error with the needed and available bytes, and the longest context that would fit, when the
 // plan does not fit in `device_bytes`.

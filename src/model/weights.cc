@@ -158,7 +158,7 @@ ModelWeights bind_weights(const Checkpoint& ck) {
   return m;
 }
 
-size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers) {
+size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers, int mtp_layers) {
   size_t n = 0;
   auto vec = [&](const auto& v) { n += v.size() * sizeof(v[0]); };
   auto hc = [&](const HcWeights& h) { vec(h.fn), vec(h.base), vec(h.scale); };
@@ -166,8 +166,13 @@ size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers) {
   n += w.embed.bytes() + w.head.bytes();
   vec(w.norm);
   hc(w.hc_head);
-  for (int i = 0; i < num_hidden_layers && i < static_cast<int>(w.layers.size()); ++i) {
+  for (int i = 0; i < num_hidden_layers + mtp_layers && i < static_cast<int>(w.layers.size()); ++i) {
     const LayerWeights& L = w.layers[i];
+    if (L.is_mtp) {  // the MTP block's own tensors (engine/gpu/device_weights.cc, put_layer)
+      n += L.e_proj.bytes() + L.h_proj.bytes();
+      vec(L.enorm), vec(L.hnorm), vec(L.norm);
+      hc(L.hc_head);
+    }
     vec(L.attn_norm), vec(L.ffn_norm), vec(L.attn_sink), vec(L.q_norm), vec(L.kv_norm), vec(L.gate_bias);
     vec(L.tid2eid);
     hc(L.hc_attn), hc(L.hc_ffn);

@@ -85,8 +85,10 @@ ModelWeights bind_weights(const Checkpoint& ck);
 
 // Bytes the GPU engine uploads (engine/gpu/device_weights.cc): the main layers' matrices as stored, every
 // small vector as float (the checkpoint's BF16 norms double), the kernels' pointer tables of the routed
-// experts (at most kDeviceExpertTableBytes per expert; device_weights.cc asserts it); no MTP layers.
+// experts (at most kDeviceExpertTableBytes per expert; device_weights.cc asserts it); the MTP layers (the
+// mtp_layers after the main ones, with their e_proj, h_proj, norms and hc_head) only when asked
+// (GpuOptions::load_mtp).
 constexpr size_t kDeviceExpertTableBytes = 256;
-size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers);
+size_t device_weight_bytes(const ModelWeights& w, int num_hidden_layers, int mtp_layers = 0);
 
 }  // namespace dsv4

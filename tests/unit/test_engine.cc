@@ -267,6 +267,14 @@ TEST_F(DefaultModel, MemoryPlanCountsEveryByteAndRefusesWhatDoesNotFit) {
   // On the device: no MTP layer, the BF16 norms as float, the expert tables.
   EXPECT_EQ(p.device_weights, device_weight_bytes(m->weights(), c.num_hidden_layers));
   EXPECT_GT(p.device_weights, 0u);
+  // With the MTP block (GpuOptions::load_mtp): at least its stored bytes more (its BF16 norms go up as float), at
+  // most those doubled plus its experts' pointer tables.
+  ASSERT_GE(c.num_nextn_predict_layers, 1);
+  const MemoryPlan pm = plan_memory(*m, gpu_step_capacity(2, 1, c.sliding_window), true);
+  const size_t mtp_stored = p.weights_by_component.at("mtp block");
+  EXPECT_GE(pm.device_weights - p.device_weights, mtp_stored);
+  EXPECT_LE(pm.device_weights - p.device_weights,
+            2 * mtp_stored + static_cast<size_t>(c.n_routed_experts) * kDeviceExpertTableBytes);
   size_t sum = 0;
   for (const auto& [comp, b] : p.weights_by_component) sum += b;
   EXPECT_EQ(sum, p.weights);

@@ -282,7 +282,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::string& dir, const GpuOption
   cuda::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   cudaDeviceProp prop{};
   cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  MemoryPlan plan = plan_memory(*m->host_, gpu_step_capacity(opt.max_seqs, opt.prefill_chunk, c.sliding_window));
+  MemoryPlan plan =
+      plan_memory(*m->host_, gpu_step_capacity(opt.max_seqs, opt.prefill_chunk, c.sliding_window), opt.load_mtp);
   if (opt.repeat_layers > 1) {  // the state of every repeated layer (the weights are shared)
     plan.kv_bytes_per_token *= opt.repeat_layers;
     plan.kv_fixed_per_sequence *= static_cast<size_t>(opt.repeat_layers);
