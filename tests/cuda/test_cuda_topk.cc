@@ -402,6 +402,7 @@ TEST(CudaTopk, SelectAllMatchesTopkOnShortRows) {
 // ("one_cta"); here the shapes' CTAs per row: 1 for every shape under the policy, and on a part with more shared
 // memory the clusters the default gives long rows (so the knob is seen to change something).
 TEST(CudaTopk, OneCtaPerRowPolicy) {
+  DSV4_REQUIRE_GPU();
   const bool small_smem = cuda::device_config().smem_optin < size_t{128} * 1024;
   const int shapes[][2] = {{65536, 1}, {65536, 8}, {262144, 1}, {1 << 20, 2}, {16384, 64}, {8192, 1}, {4096, 1}};
   for (const auto& sh : shapes) {
