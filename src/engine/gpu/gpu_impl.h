@@ -193,9 +193,16 @@ struct GpuModel::Impl {
 
   // Fills and uploads the metadata of one step; meta.out_rows must be set before.
   void set_step(const std::vector<StepSeq>& seqs);
-  // After a step: the pre-head streams (s.h) of each of its sequences' tokens to dst(chunk, position of the
-  // first) when that returns non-null, on `stream` (the caller synchronizes).
-  void download_streams(const std::vector<StepSeq>& seqs, const std::function<float*(size_t, int64_t)>& dst);
+  // meta.out_rows of a step: every token of a step of one token per sequence, else the tokens whose logits are
+  // needed. logits_row(step, r): the logits row (s.logits) of the step's r-th needed token (step.outs[r]).
+  void set_out_rows(const Step& step);
+  static bool one_per_seq(const Step& step) { return static_cast<int>(step.seqs.size()) == step.tokens; }
+  static int logits_row(const Step& step, size_t r) { return one_per_seq(step) ? step.outs[r].row : static_cast<int>(r); }
+  // The hyper-connection streams of a step's tokens (s.h [T, hc_mult, hidden], the sequences back to back) from or
+  // to host(q) for each sequence q of the step where that is non-null: after a step (cudaMemcpyDeviceToHost) the
+  // pre-head streams (keep_streams), before an MTP step (cudaMemcpyHostToDevice) its input. On `stream`.
+  void copy_streams(const std::vector<StepSeq>& seqs, cudaMemcpyKind kind,
+                    const std::function<float*(const StepSeq&)>& host);
   // Embedding, all layers, hc_head, norm, LM head: logits [out_rows, vocab] in s.logits.
   void run_step(int T);
   // run_step through the graph cache when GpuOptions::cuda_graphs (eager on a key's first use).
@@ -206,6 +213,8 @@ struct GpuModel::Impl {
 
  private:
   void layer(int li, int T);
+  // A step's start: its token count, the profile's first mark, the streams in s.h, no pending hc_post.
+  void begin_step(int T);
   // hc_head (weights hc, the final RMSNorm norm_w fused) on the streams in h_cur, then the LM head on the step's
   // out_rows: logits in s.logits.
   void head(const DevHc& hc, const float* norm_w, int T);

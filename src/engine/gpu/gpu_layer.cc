@@ -533,13 +533,17 @@ void GpuModel::Impl::require_small_step(const char* what) const {
     fail("GPU engine (internal): ", what, " in a step of ", step_tokens, " tokens; its buffers hold ", s.small_cap);
 }
 
-void GpuModel::Impl::run_step(int T) {
+void GpuModel::Impl::begin_step(int T) {
   step_tokens = T;
-  const int64_t D = c->hidden_size;
   prof_n = 0;
   mark("start");
   h_cur = s.h;  // every step starts here, so a captured step replays the same buffer sequence
   pending_res = nullptr;
+}
+
+void GpuModel::Impl::run_step(int T) {
+  begin_step(T);
+  const int64_t D = c->hidden_size;
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, c->hc_mult, h_cur, stream);
   // The CSA indexers' RoPE factors, once for the step's 21 (V4-Flash) CSA layers (GpuOptions::index_rope_in_scores).
   if (s.rope_cs) glue::rope_table(meta.dev(StepMeta::kPos), T, freq_comp, n_freq, s.rope_cs, stream);
@@ -549,7 +553,7 @@ void GpuModel::Impl::run_step(int T) {
 }
 
 void GpuModel::Impl::run_mtp_step(int T) {
-  step_tokens = T;
+  begin_step(T);
   const int64_t D = c->hidden_size;
   const int n = c->hc_mult;
   const int li = c->num_hidden_layers;  // the MTP block follows the main layers (GpuModel::load)
@@ -557,10 +561,6 @@ void GpuModel::Impl::run_mtp_step(int T) {
     fail("GPU engine (internal): no MTP layer at index ", li);
   const DevLayer& L = w.layers[li];
   const float eps = static_cast<float>(c->rms_norm_eps);
-  prof_n = 0;
-  mark("start");
-  h_cur = s.h;
-  pending_res = nullptr;
   // x = e_proj(enorm(embed(next))) + h_proj(hnorm(h_j)) per stream j (engine/forward.cc, Model::mtp_forward).
   glue::embed_streams(w.embed, meta.dev(StepMeta::kTokens), T, D, 1, s.x, stream);
   glue::rmsnorm_rows(s.x, D, L.enorm, T, D, eps, s.x, D, stream);

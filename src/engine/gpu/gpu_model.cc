@@ -500,23 +500,14 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
     const std::vector<StepSeq>& seqs = step.seqs;
     const std::vector<StepOut>& rows = step.outs;
     const int T = step.tokens;
-    // A step of one token per sequence (decode, or token-by-token prefill) computes the head on every row, so
-    // its launch sequence depends only on (T, bucket) and replays a CUDA graph; a prefill-chunk step computes
-    // it only on the rows whose logits are needed. lrow(r): the logits row of the r-th needed token.
-    const bool one_per_seq = static_cast<int>(seqs.size()) == T;
-    im.meta.out_rows.clear();
-    if (one_per_seq)
-      for (int t = 0; t < T; ++t) im.meta.out_rows.push_back(t);
-    else
-      for (const StepOut& o : rows) im.meta.out_rows.push_back(o.row);
-    auto lrow = [&](size_t r) { return one_per_seq ? rows[r].row : static_cast<int>(r); };
-    if (static_cast<int>(im.meta.out_rows.size()) > im.logits_cap)
-      fail("GPU engine (internal): ", im.meta.out_rows.size(), " logits rows in a step; the buffer holds ", im.logits_cap);
+    im.set_out_rows(step);
+    auto lrow = [&](size_t r) { return im.logits_row(step, r); };
     im.set_step(seqs);
     im.launch_step(T);
-    im.download_streams(seqs, [&](size_t chunk, int64_t index) {  // keep_streams: the pre-head streams (s.h)
-      return batch[chunk].keep_streams ? out[chunk].streams.data() + (index - batch[chunk].seq->length) * stream_floats
-                                       : nullptr;
+    im.copy_streams(seqs, cudaMemcpyDeviceToHost, [&](const StepSeq& q) {  // keep_streams: the pre-head streams
+      return batch[q.chunk].keep_streams
+                 ? out[q.chunk].streams.data() + (q.start - batch[q.chunk].seq->length) * stream_floats
+                 : nullptr;
     });
     const int n_out = static_cast<int>(rows.size());
     const int n_rows = static_cast<int>(im.meta.out_rows.size());
@@ -585,14 +576,30 @@ std::vector<ChunkOutput> GpuModel::forward(std::vector<GpuSeqChunk>& batch) {
   return out;
 }
 
-void GpuModel::Impl::download_streams(const std::vector<StepSeq>& seqs,
-                                      const std::function<float*(size_t, int64_t)>& dst) {
+void GpuModel::Impl::set_out_rows(const Step& step) {
+  // A step of one token per sequence (decode, or token-by-token prefill) computes the head on every row, so its
+  // launch sequence depends only on (T, bucket) and replays a CUDA graph; a prefill-chunk step computes it only on
+  // the rows whose logits are needed.
+  meta.out_rows.clear();
+  if (one_per_seq(step))
+    for (int t = 0; t < step.tokens; ++t) meta.out_rows.push_back(t);
+  else
+    for (const StepOut& o : step.outs) meta.out_rows.push_back(o.row);
+  if (static_cast<int>(meta.out_rows.size()) > logits_cap)
+    fail("GPU engine (internal): ", meta.out_rows.size(), " logits rows in a step; the buffer holds ", logits_cap);
+}
+
+void GpuModel::Impl::copy_streams(const std::vector<StepSeq>& seqs, cudaMemcpyKind kind,
+                                  const std::function<float*(const StepSeq&)>& host) {
   const int64_t per = static_cast<int64_t>(c->hc_mult) * c->hidden_size;
   int t = 0;
   for (const StepSeq& q : seqs) {
-    if (float* p = dst(q.chunk, q.start))
-      cuda::check(cudaMemcpyAsync(p, s.h + t * per, sizeof(float) * per * q.count, cudaMemcpyDeviceToHost, stream),
-                  "download the pre-head streams");
+    if (float* p = host(q)) {
+      const bool down = kind == cudaMemcpyDeviceToHost;
+      float* dev = s.h + t * per;
+      cuda::check(cudaMemcpyAsync(down ? p : dev, down ? dev : p, sizeof(float) * per * q.count, kind, stream),
+                  "copy the hyper-connection streams");
+    }
     t += q.count;
   }
 }
@@ -622,23 +629,11 @@ std::vector<ChunkOutput> GpuModel::mtp_forward(std::vector<GpuMtpChunk>& batch) 
   Step step;
   while (next_step(chunks, done, opt_.prefill_chunk, im.cap_tokens, step, im.logits_cap)) {
     const int T = step.tokens;
-    const bool one_per_seq = static_cast<int>(step.seqs.size()) == T;
-    im.meta.out_rows.clear();
-    if (one_per_seq)
-      for (int t = 0; t < T; ++t) im.meta.out_rows.push_back(t);
-    else
-      for (const StepOut& o : step.outs) im.meta.out_rows.push_back(o.row);
-    auto lrow = [&](size_t r) { return one_per_seq ? step.outs[r].row : static_cast<int>(r); };
+    im.set_out_rows(step);
     im.set_step(step.seqs);
-    // The step's input streams, its tokens back to back, into s.h.
-    int t = 0;
-    for (const StepSeq& q : step.seqs) {
-      const GpuMtpChunk& ch = batch[q.chunk];
-      cuda::check(cudaMemcpyAsync(im.s.h + t * per, ch.streams.data() + (q.start - ch.seq->mtp_length) * per,
-                                  sizeof(float) * per * q.count, cudaMemcpyHostToDevice, im.stream),
-                  "upload the MTP input streams");
-      t += q.count;
-    }
+    im.copy_streams(step.seqs, cudaMemcpyHostToDevice, [&](const StepSeq& q) {  // the input streams, into s.h
+      return batch[q.chunk].streams.data() + (q.start - batch[q.chunk].seq->mtp_length) * per;
+    });
     im.run_mtp_step(T);
     const int n_rows = static_cast<int>(im.meta.out_rows.size());
     cuda::check(cudaMemcpyAsync(im.s.logits_host, im.s.logits, sizeof(float) * n_rows * V, cudaMemcpyDeviceToHost,
@@ -647,7 +642,7 @@ std::vector<ChunkOutput> GpuModel::mtp_forward(std::vector<GpuMtpChunk>& batch) 
     for (size_t r = 0; r < step.outs.size(); ++r) {
       const StepOut& o = step.outs[r];
       const int64_t row = batch[o.chunk].all_logits ? o.index : 0;
-      std::memcpy(out[o.chunk].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(lrow(r)) * V,
+      std::memcpy(out[o.chunk].logits.data() + row * V, im.s.logits_host + static_cast<int64_t>(im.logits_row(step, r)) * V,
                   sizeof(float) * V);
     }
   }

@@ -151,11 +151,8 @@ struct WeightRows {
     w0 += 8 * t4, w1 += 8 * t4, s0 += t4 >> 1, s1 += t4 >> 1;
   }
   __device__ __forceinline__ void load(int kt, RawA& r) const {
-    load_weights(kt, r);
-    load_scales(kt, r);
-  }
-  __device__ __forceinline__ void load_weights(int kt, RawA& r) const {
     r.w0 = ld_stream8(w0 + kt * 32), r.w1 = ld_stream8(w1 + kt * 32);
+    load_scales(kt, r);
   }
   __device__ __forceinline__ void load_scales(int kt, RawA& r) const {
     r.s0 = __ldg(s0 + kt * 2), r.s1 = __ldg(s1 + kt * 2);
@@ -181,15 +178,12 @@ struct WeightRing {
     cuda::ptx::cp_async_s<8>(d + 8, rows.w1 + kt * 32, 8);
   }
   __device__ __forceinline__ void load(int kt, RawA& r) const {  // k-tile kt's copies must have landed
-    load_weights(kt, r);
-    rows.load_scales(kt, r);  // (the same scale loads as WeightRows)
-  }
-  __device__ __forceinline__ void load_weights(int kt, RawA& r) const {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "r"(slot + (kt % S) * kStageBytes));
     r.w0 = make_uint2(v.x, v.y), r.w1 = make_uint2(v.z, v.w);
+    rows.load_scales(kt, r);  // (the same scale loads as WeightRows)
   }
 };
 

@@ -18,7 +18,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <type_traits>
+#include <type_traits>  // std::integral_constant
 
 #include "backend/cuda/linear/device_check.h"
 #include "backend/cuda/linear/moe_prefill_gemm.cuh"
